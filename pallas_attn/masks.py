@@ -1,0 +1,133 @@
+"""Mask logic shared by every backend: which key each query sees, and which blocks can be skipped.
+
+Positions are bottom-right aligned like FlashAttention >= 2.1: with ``offset = S - T``, query ``i``
+sits at key position ``i + offset``. Causal means ``j <= i + offset``; a window ``(left, right)``
+means ``i + offset - left <= j <= i + offset + right`` (``None`` = unbounded on that side).
+Causal is canonicalised into the window's right side (``right = min(right, 0)``), so kernels only
+ever see a window.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+  """Static description of the structured (position-only) part of a mask.
+
+  Attributes:
+    left: keys more than ``left`` positions before the query's diagonal are hidden; None = none.
+    right: keys more than ``right`` positions after the diagonal are hidden; None = none.
+      Causal attention is ``right=0``.
+    offset: ``S - T``, the bottom-right alignment shift.
+  """
+  left: int | None
+  right: int | None
+  offset: int
+
+  @property
+  def is_trivial(self) -> bool:
+    return self.left is None and self.right is None
+
+
+def canonical_window(*, causal: bool, window: tuple[int | None, int | None] | None
+                     ) -> tuple[int | None, int | None]:
+  left, right = (None, None) if window is None else window
+  if causal:
+    right = 0 if right is None else min(right, 0)
+  return left, right
+
+
+def position_mask(q_pos: jax.Array, k_pos: jax.Array, spec: MaskSpec) -> jax.Array | None:
+  """Boolean visibility from positions (broadcasting); None when nothing is hidden."""
+  mask = None
+  diag = q_pos + spec.offset
+  if spec.right is not None:
+    mask = k_pos <= diag + spec.right
+  if spec.left is not None:
+    lo = k_pos >= diag - spec.left
+    mask = lo if mask is None else jnp.logical_and(mask, lo)
+  return mask
+
+
+def and_masks(*masks: jax.Array | None) -> jax.Array | None:
+  out = None
+  for m in masks:
+    if m is None:
+      continue
+    out = m if out is None else jnp.logical_and(out, m)
+  return out
+
+
+def kv_block_ranges(
+    *,
+    spec: MaskSpec,
+    seq_q: int,
+    seq_k: int,
+    block_q: int,
+    block_k: int,
+    batch: int,
+    kv_lengths: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+) -> jax.Array:
+  """Per (batch, q block): the K/V blocks to visit, split into masked and mask-free parts.
+
+  Returns int32 ``[batch, num_q_blocks, 4]`` holding ``(lo, lo_full, hi_full, hi)``: blocks in
+  ``[lo, hi)`` may hold a visible key (the rest are skipped, never computed); blocks in
+  ``[lo_full, hi_full)`` are fully visible to every real query of the block (no mask needed);
+  ``lo <= lo_full <= hi_full <= hi``. Only real positions (``< seq_q``, ``< seq_k``) count.
+  Segment ids shrink ``[lo, hi)`` to the span of keys whose id lies in the q block's id range and
+  force masking everywhere (mask-free blocks would need equal ids, which we do not track).
+  """
+  nq = -(-seq_q // block_q)
+  nk = -(-seq_k // block_k)
+  qb = jnp.arange(nq, dtype=jnp.int32)
+  q_first = qb * block_q
+  q_last = jnp.minimum(q_first + block_q, seq_q) - 1
+  # Key span visible to any query of the block, and the span visible to all of them.
+  lo_key = jnp.zeros_like(qb)
+  hi_key = jnp.full_like(qb, seq_k)                      # exclusive
+  lo_all = jnp.zeros_like(qb)
+  hi_all = jnp.full_like(qb, seq_k)
+  if spec.left is not None:
+    lo_key = jnp.maximum(q_first + spec.offset - spec.left, 0)
+    lo_all = jnp.maximum(q_last + spec.offset - spec.left, 0)
+  if spec.right is not None:
+    hi_key = jnp.clip(q_last + spec.offset + spec.right + 1, 0, seq_k)
+    hi_all = jnp.clip(q_first + spec.offset + spec.right + 1, 0, seq_k)
+  lo_key = jnp.broadcast_to(lo_key, (batch, nq))
+  hi_key = jnp.broadcast_to(hi_key, (batch, nq))
+  lo_all = jnp.broadcast_to(lo_all, (batch, nq))
+  hi_all = jnp.broadcast_to(hi_all, (batch, nq))
+  if kv_lengths is not None:
+    length = jnp.clip(kv_lengths.astype(jnp.int32), 0, seq_k)[:, None]
+    hi_key = jnp.minimum(hi_key, length)
+    hi_all = jnp.minimum(hi_all, length)
+  if q_segment_ids is not None:
+    # Segment ids of the block's queries span [smin, smax]; keys outside that id range are hidden.
+    pad = nq * block_q - seq_q
+    qs = q_segment_ids.astype(jnp.int32)
+    big = jnp.iinfo(jnp.int32).max
+    smin = jnp.pad(qs, ((0, 0), (0, pad)), constant_values=big).reshape(batch, nq, block_q).min(-1)
+    smax = jnp.pad(qs, ((0, 0), (0, pad)), constant_values=-big).reshape(batch, nq, block_q).max(-1)
+    ks = kv_segment_ids.astype(jnp.int32)[:, None, :]                    # [B, 1, S]
+    hit = (ks >= smin[..., None]) & (ks <= smax[..., None])              # [B, nq, S]
+    pos = jnp.arange(seq_k, dtype=jnp.int32)
+    first = jnp.min(jnp.where(hit, pos, seq_k), axis=-1)
+    last = jnp.max(jnp.where(hit, pos + 1, 0), axis=-1)
+    lo_key = jnp.maximum(lo_key, first)
+    hi_key = jnp.minimum(hi_key, last)
+    hi_all = lo_all                                                      # always mask
+  empty = hi_key <= lo_key
+  lo = jnp.where(empty, 0, lo_key // block_k)
+  hi = jnp.where(empty, 0, -(-hi_key // block_k))
+  lo_full = jnp.clip(-(-lo_all // block_k), lo, hi)
+  hi_full = jnp.clip(hi_all // block_k, lo_full, hi)
+  del nk
+  return jnp.stack([lo, lo_full, hi_full, hi], axis=-1).astype(jnp.int32)
