@@ -131,3 +131,32 @@ def kv_block_ranges(
   hi_full = jnp.clip(hi_all // block_k, lo_full, hi)
   del nk
   return jnp.stack([lo, lo_full, hi_full, hi], axis=-1).astype(jnp.int32)
+
+
+def q_block_ranges(kv_ranges: jax.Array, *, num_k_blocks: int) -> jax.Array:
+  """Transpose ``kv_block_ranges`` output: per (batch, K/V block), the Q blocks to visit.
+
+  ``kv_ranges`` is ``[B, nq, 4]`` for the tile sizes of the K/V-outer kernel. Returns
+  ``[B, nk, 4]`` with the same ``(lo, lo_full, hi_full, hi)`` meaning along Q blocks. For the
+  positional masks the Q blocks that see a K/V block (fully or at all) are contiguous.
+  """
+  nq = kv_ranges.shape[1]
+  j = jnp.arange(num_k_blocks, dtype=jnp.int32)[None, None, :]          # [1, 1, nk]
+  r = kv_ranges[..., None]                                               # [B, nq, 4, 1]
+  any_ = (r[:, :, 0] <= j) & (j < r[:, :, 3])                            # [B, nq, nk]
+  full = (r[:, :, 1] <= j) & (j < r[:, :, 2])
+  i = jnp.arange(nq, dtype=jnp.int32)[None, :, None]
+
+  def span(sel):
+    first = jnp.min(jnp.where(sel, i, nq), axis=1)
+    last = jnp.max(jnp.where(sel, i + 1, 0), axis=1)
+    return first, last
+
+  lo, hi = span(any_)
+  empty = hi <= lo
+  lo, hi = jnp.where(empty, 0, lo), jnp.where(empty, 0, hi)
+  flo, fhi = span(full)
+  fempty = fhi <= flo
+  lo_full = jnp.where(fempty, hi, jnp.clip(flo, lo, hi))
+  hi_full = jnp.where(fempty, hi, jnp.clip(fhi, lo_full, hi))
+  return jnp.stack([lo, lo_full, hi_full, hi], axis=-1).astype(jnp.int32)

@@ -1,0 +1,80 @@
+"""Tuning knobs of the Triton FlashAttention-2 kernels: one frozen Config, pure heuristics."""
+from __future__ import annotations
+
+import dataclasses
+
+_POW2 = (16, 32, 64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Block sizes and launch parameters; hashable so it can be a static jit argument.
+
+  Attributes:
+    block_q, block_k: forward tile (queries per program, keys per inner step).
+    num_warps, num_stages: forward launch (warps per program, software-pipeline depth).
+    block_q_dkv, block_k_dkv: dK/dV kernel tile (the program owns block_k_dkv keys).
+    block_q_dq, block_k_dq: dQ kernel tile (the program owns block_q_dq queries).
+    bwd_num_warps, bwd_num_stages: launch parameters of both backward kernels.
+  """
+  block_q: int = 128
+  block_k: int = 64
+  num_warps: int = 4
+  num_stages: int = 3
+  block_q_dkv: int = 64
+  block_k_dkv: int = 64
+  block_q_dq: int = 64
+  block_k_dq: int = 64
+  bwd_num_warps: int = 4
+  bwd_num_stages: int = 2
+
+  def __post_init__(self):
+    for f in ("block_q", "block_k", "block_q_dkv", "block_k_dkv", "block_q_dq", "block_k_dq"):
+      val = getattr(self, f)
+      if val not in _POW2:
+        raise ValueError(f"Config.{f} must be a power of two in {_POW2}, got {val}")
+    for f in ("num_warps", "bwd_num_warps"):
+      if getattr(self, f) not in (1, 2, 4, 8, 16):
+        raise ValueError(f"Config.{f} must be 1, 2, 4, 8 or 16, got {getattr(self, f)}")
+    for f in ("num_stages", "bwd_num_stages"):
+      if not 1 <= getattr(self, f) <= 8:
+        raise ValueError(f"Config.{f} must be in [1, 8], got {getattr(self, f)}")
+
+
+def _pow2_at_least(n: int, floor: int = 16) -> int:
+  p = floor
+  while p < n:
+    p *= 2
+  return p
+
+
+def default_config(*, head_dim: int, seq_q: int, seq_k: int) -> Config:
+  """Heuristic Config for a head dim (padded to a power of two) and sequence lengths.
+
+  Tiles shrink for short sequences (no point in a 128-row tile for 3 queries) and for large head
+  dims (registers: the fp32 accumulator is block_q x head_dim per program).
+  """
+  hp = _pow2_at_least(head_dim)
+  if hp <= 64:
+    cfg = Config(block_q=128, block_k=64, num_warps=4, num_stages=3,
+                 block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64,
+                 bwd_num_warps=8, bwd_num_stages=2)
+  elif hp <= 128:
+    cfg = Config(block_q=128, block_k=64, num_warps=8, num_stages=3,
+                 block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64,
+                 bwd_num_warps=8, bwd_num_stages=2)
+  else:
+    cfg = Config(block_q=64, block_k=64, num_warps=8, num_stages=2,
+                 block_q_dkv=32, block_k_dkv=64, block_q_dq=64, block_k_dq=32,
+                 bwd_num_warps=8, bwd_num_stages=1)
+  return fit_to_lengths(cfg, seq_q=seq_q, seq_k=seq_k)
+
+
+def fit_to_lengths(cfg: Config, *, seq_q: int, seq_k: int) -> Config:
+  """Clamp tiles to the (power-of-two rounded) sequence lengths, never below 16."""
+  tq, tk = _pow2_at_least(seq_q), _pow2_at_least(seq_k)
+  return dataclasses.replace(
+      cfg,
+      block_q=min(cfg.block_q, tq), block_k=min(cfg.block_k, tk),
+      block_q_dkv=min(cfg.block_q_dkv, tq), block_k_dkv=min(cfg.block_k_dkv, tk),
+      block_q_dq=min(cfg.block_q_dq, tq), block_k_dq=min(cfg.block_k_dq, tk))
