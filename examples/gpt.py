@@ -33,12 +33,15 @@ class GPTConfig:
   max_len: int = 256
   dtype: jnp.dtype = jnp.float32       # activation / compute dtype
   param_dtype: jnp.dtype = jnp.float32
+  scan_layers: bool = False            # stack the blocks' params on a leading "layers" axis (pipelines)
 
   def __post_init__(self):
     if self.d_model % self.n_heads:
       raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
+    if self.n_layers < 1:
+      raise ValueError(f"n_layers={self.n_layers} must be >= 1")
 
   @property
   def head_dim(self) -> int:
@@ -49,6 +52,31 @@ def default_attention(q, k, v, *, causal: bool = True):
   """Our flash attention; dispatch picks the fastest backend (the reference on CPU)."""
   import pallas_attn  # local import: examples/ must not make pallas_attn import this file
   return pallas_attn.flash_attention(q, k, v, causal=causal)
+
+
+def dense_attention(q, k, v, *, causal: bool = True):
+  """Plain jnp attention (GQA, bottom-right causal); the same maths as the kernels, for tests.
+
+  Example:
+    >>> model = GPT(cfg, rngs=nnx.Rngs(0), attention_fn=dense_attention)
+  """
+  b, t, n, h = q.shape
+  s, kv = k.shape[1], k.shape[2]
+  q = q.reshape(b, t, kv, n // kv, h)
+  logits = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(h).astype(jnp.float32)
+  if causal:
+    visible = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t)
+    logits = jnp.where(visible, logits, -jnp.inf)
+  weights = jax.nn.softmax(logits, axis=-1)
+  weights = jnp.where(jnp.isnan(weights), 0.0, weights).astype(v.dtype)
+  return jnp.einsum("bkgts,bskh->btkgh", weights, v).reshape(b, t, n, h)
+
+
+def _constrain(module: nnx.Module, x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+  # Activation sharding hook: parallel/ installs a callable (x, logical names) -> x on the copy of
+  # the model it traces; by default it is None and this is the identity.
+  fn = getattr(module, "activation_sharding", None)
+  return x if fn is None else fn(x, names)
 
 
 def _partitioned(init, names: tuple[str, ...]):
@@ -72,6 +100,7 @@ class Attention(nnx.Module):
     self.v = _linear(cfg, cfg.d_model, cfg.n_kv_heads * h, ("embed", "kv_heads"), rngs)
     self.o = _linear(cfg, cfg.n_heads * h, cfg.d_model, ("heads", "embed"), rngs)
     self.attention_fn = attention_fn or default_attention
+    self.activation_sharding = None
 
   def __call__(self, x: jax.Array) -> jax.Array:
     b, t, _ = x.shape
@@ -79,7 +108,11 @@ class Attention(nnx.Module):
     q = self.q(x).reshape(b, t, cfg.n_heads, cfg.head_dim)
     k = self.k(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
     v = self.v(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    q = _constrain(self, q, ("batch", None, "act_heads", None))
+    k = _constrain(self, k, ("batch", None, "act_kv_heads", None))
+    v = _constrain(self, v, ("batch", None, "act_kv_heads", None))
     y = self.attention_fn(q, k, v, causal=True)
+    y = _constrain(self, y, ("batch", None, "act_heads", None))
     return self.o(y.reshape(b, t, cfg.n_heads * cfg.head_dim))
 
 
@@ -88,9 +121,11 @@ class MLP(nnx.Module):
     hidden = cfg.mlp_ratio * cfg.d_model
     self.up = _linear(cfg, cfg.d_model, hidden, ("embed", "mlp"), rngs)
     self.down = _linear(cfg, hidden, cfg.d_model, ("mlp", "embed"), rngs)
+    self.activation_sharding = None
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.down(jax.nn.gelu(self.up(x)))
+    h = _constrain(self, jax.nn.gelu(self.up(x)), ("batch", None, "act_mlp"))
+    return self.down(h)
 
 
 class Block(nnx.Module):
@@ -100,10 +135,55 @@ class Block(nnx.Module):
     self.attn = Attention(cfg, rngs=rngs, attention_fn=attention_fn)
     self.ln2 = nnx.RMSNorm(cfg.d_model, scale_init=norm_init, dtype=cfg.dtype, rngs=rngs)
     self.mlp = MLP(cfg, rngs=rngs)
+    self.activation_sharding = None
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x = x + self.attn(self.ln1(x))
-    return x + self.mlp(self.ln2(x))
+    x = _constrain(self, x + self.attn(self.ln1(x)), _RESIDUAL)
+    return _constrain(self, x + self.mlp(self.ln2(x)), _RESIDUAL)
+
+
+_RESIDUAL = ("batch", "length", "act_embed")
+LayerRunner = Callable[..., jax.Array]
+
+
+class StackedBlocks(nnx.Module):
+  """``n_layers`` blocks held as one ``Block`` whose parameters have a leading ``"layers"`` axis.
+
+  The blocks are initialised exactly like the list of ``GPTConfig(scan_layers=False)`` (same
+  random stream), then stacked, so both variants hold the same numbers. Applied with
+  ``lax.scan``, or by a ``runner(apply, stacked_state, x, stacked=True)`` (pipelines).
+
+  Example:
+    >>> blocks = StackedBlocks(GPTConfig(d_model=32, n_layers=4), rngs=nnx.Rngs(0))
+    >>> blocks.layers.mlp.up.kernel.shape
+    (4, 32, 128)
+  """
+
+  def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, attention_fn: AttentionFn | None = None):
+    blocks = [Block(cfg, rngs=rngs, attention_fn=attention_fn) for _ in range(cfg.n_layers)]
+    graphdef, _ = nnx.split(blocks[0])
+    states = [nnx.state(b) for b in blocks]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+
+    def add_layer_axis(v):
+      meta = v.get_metadata()
+      names = ("layers",) + tuple(meta.get("out_sharding") or (None,) * (v.get_value().ndim - 1))
+      return type(v)(v.get_value(), **{**meta, "out_sharding": names})
+
+    stacked = jax.tree.map(add_layer_axis, stacked, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    self.layers = nnx.merge(graphdef, stacked)
+    self.n_layers = cfg.n_layers
+
+  def __call__(self, x: jax.Array, *, runner: LayerRunner | None = None) -> jax.Array:
+    graphdef, state = nnx.split(self.layers)
+
+    def apply(layer_state, x):
+      return nnx.merge(graphdef, layer_state)(x)
+
+    if runner is not None:
+      return runner(apply, state, x, stacked=True)
+    x, _ = jax.lax.scan(lambda x, s: (apply(s, x), None), x, state)
+    return x
 
 
 class GPT(nnx.Module):
@@ -116,20 +196,37 @@ class GPT(nnx.Module):
                            param_dtype=cfg.param_dtype, rngs=rngs)
     pos_init = _partitioned(nnx.initializers.normal(0.02), ("seq", "embed"))
     self.pos = nnx.Param(pos_init(rngs.params(), (cfg.max_len, cfg.d_model), cfg.param_dtype))
-    self.blocks = nnx.List([Block(cfg, rngs=rngs, attention_fn=attention_fn)
-                            for _ in range(cfg.n_layers)])
+    if cfg.scan_layers:
+      self.blocks = StackedBlocks(cfg, rngs=rngs, attention_fn=attention_fn)
+    else:
+      self.blocks = nnx.List([Block(cfg, rngs=rngs, attention_fn=attention_fn)
+                              for _ in range(cfg.n_layers)])
     norm_init = _partitioned(nnx.initializers.ones_init(), ("embed",))
     self.ln_f = nnx.RMSNorm(cfg.d_model, scale_init=norm_init, dtype=cfg.dtype, rngs=rngs)
     self.head = _linear(cfg, cfg.d_model, cfg.vocab, ("embed", "vocab"), rngs)
+    self.activation_sharding = None
+    # Hook for parallel/: runner(apply, params, x, *, stacked) applies the blocks, where
+    # apply(layer_state, x) runs one block; params is a list of per-block states, or one
+    # state with a leading layer axis (stacked=True). None: a plain loop / lax.scan.
+    self.layer_runner: LayerRunner | None = None
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     t = tokens.shape[1]
     if t > self.cfg.max_len:
       raise ValueError(f"sequence length {t} exceeds max_len={self.cfg.max_len}")
     x = self.embed(tokens) + self.pos[...][:t].astype(self.cfg.dtype)
-    for block in self.blocks:
-      x = block(x)
-    return self.head(self.ln_f(x))
+    x = _constrain(self, x, _RESIDUAL)
+    if isinstance(self.blocks, StackedBlocks):
+      x = self.blocks(x, runner=self.layer_runner)
+    elif self.layer_runner is not None:
+      graphdef = nnx.graphdef(self.blocks[0])
+      states = [nnx.state(block) for block in self.blocks]
+      x = self.layer_runner(lambda s, x: nnx.merge(graphdef, s)(x), states, x, stacked=False)
+    else:
+      for block in self.blocks:
+        x = block(x)
+    logits = self.head(self.ln_f(x))
+    return _constrain(self, logits, ("batch", "length", "act_vocab"))
 
 
 def next_token_loss(model: GPT, tokens: jax.Array) -> jax.Array:
@@ -138,3 +235,21 @@ def next_token_loss(model: GPT, tokens: jax.Array) -> jax.Array:
   logp = jax.nn.log_softmax(logits, axis=-1)
   nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   return nll.mean()
+
+
+def next_token_nll(model: GPT, tokens: jax.Array, *, pad_id: int | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Summed cross-entropy of tokens[:, 1:] and the number of target tokens counted.
+
+  Targets equal to ``pad_id`` are skipped. ``sum / count`` is the exact mean over the batch, and
+  stays exact when the batch is split into micro-batches (gradient accumulation).
+
+  Example:
+    >>> total, count = next_token_nll(model, tokens, pad_id=0)
+  """
+  logits = model(tokens[:, :-1]).astype(jnp.float32)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  targets = tokens[:, 1:]
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  mask = jnp.ones_like(nll) if pad_id is None else (targets != pad_id).astype(nll.dtype)
+  return (nll * mask).sum(), mask.sum()
