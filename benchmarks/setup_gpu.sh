@@ -9,6 +9,7 @@
 
 _repo="$(pwd)"
 _site="${BENCH_SITE:-/tmp/site}"
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 if ls "$_repo"/.whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -30,10 +31,13 @@ export PYTHONUNBUFFERED=1
 
 python3 - <<'EOF' || true
 import importlib
-for name in ("jax", "jaxlib", "flax", "typing_extensions", "pydantic", "tokamax"):
+from importlib import metadata
+for name, dist in (("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"),
+                   ("typing_extensions", "typing_extensions"), ("pydantic", "pydantic"),
+                   ("tokamax", "tokamax")):
   try:
     module = importlib.import_module(name)
-    print(f"setup_gpu: {name} {getattr(module, '__version__', '?')}")
+    print(f"setup_gpu: {name} {metadata.version(dist)} from {module.__file__}")
   except Exception as e:  # report, never fail: the benchmark records per-backend errors
     print(f"setup_gpu: {name} FAILED to import: {type(e).__name__}: {e}")
 EOF
