@@ -1,0 +1,59 @@
+"""Shared fixtures for the attention tests.
+
+* 8 simulated CPU devices for shard_map tests (must be set before jax is imported; the Makefile
+  exports the same flag).
+* ``BACKENDS``: every ``implementation`` the shared tests run against. Adding a backend is one line.
+* ``@pytest.mark.gpu`` tests (full grids, compiled kernels) are skipped unless JAX runs on a GPU.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pathlib
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+# "xla" (the jnp reference) checks the harness against itself and stays cheap; "triton" is the
+# FlashAttention-2 kernel. Add "mosaic" here once pallas_attn/mosaic exists.
+BACKENDS = ("xla", "triton")
+PALLAS_BACKENDS = tuple(b for b in BACKENDS if b != "xla")
+
+
+def on_gpu() -> bool:
+  return jax.default_backend() == "gpu"
+
+
+def require_backend(name: str) -> str:
+  """Skips (with the import error as reason) when the backend's module does not import yet."""
+  if name != "xla":
+    try:
+      importlib.import_module(f"pallas_attn.{name}")
+    except ImportError as e:
+      pytest.skip(f"pallas_attn.{name} does not import: {e}")
+  return name
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+  return require_backend(request.param)
+
+
+@pytest.fixture(params=PALLAS_BACKENDS)
+def pallas_backend(request) -> str:
+  return require_backend(request.param)
+
+
+def pytest_collection_modifyitems(config, items):
+  if on_gpu():
+    return
+  skip = pytest.mark.skip(reason=f"needs a GPU (jax.default_backend() is "
+                                 f"{jax.default_backend()!r}); run with `pytest -m gpu` on one")
+  here = pathlib.Path(__file__).parent
+  for item in items:
+    if "gpu" in item.keywords and here in pathlib.Path(item.path).parents:
+      item.add_marker(skip)
