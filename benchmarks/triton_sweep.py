@@ -68,29 +68,39 @@ def check(cfg, b=2, t=1024, n=4, k=2, h=128):
   return errs
 
 
-FWD = [
-    Config(block_q=128, block_k=64, num_warps=4, num_stages=3),
-    Config(block_q=128, block_k=64, num_warps=8, num_stages=3),
-    Config(block_q=128, block_k=128, num_warps=8, num_stages=3),
-    Config(block_q=128, block_k=64, num_warps=4, num_stages=4),
-    Config(block_q=128, block_k=32, num_warps=4, num_stages=4),
-    Config(block_q=64, block_k=64, num_warps=4, num_stages=3),
-    Config(block_q=128, block_k=128, num_warps=8, num_stages=2),
-]
-BWD = [
-    dict(block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64, bwd_num_warps=8, bwd_num_stages=2),
-    dict(block_q_dkv=32, block_k_dkv=128, block_q_dq=128, block_k_dq=32, bwd_num_warps=4, bwd_num_stages=3),
-    dict(block_q_dkv=64, block_k_dkv=64, block_q_dq=64, block_k_dq=64, bwd_num_warps=4, bwd_num_stages=2),
-    dict(block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64, bwd_num_warps=8, bwd_num_stages=1),
-    dict(block_q_dkv=32, block_k_dkv=64, block_q_dq=64, block_k_dq=32, bwd_num_warps=4, bwd_num_stages=3),
-    dict(block_q_dkv=128, block_k_dkv=128, block_q_dq=128, block_k_dq=128, bwd_num_warps=8, bwd_num_stages=1),
-]
+def _fwd(bq, bk, w, st):
+  return Config(block_q=bq, block_k=bk, num_warps=w, num_stages=st)
+
+
+def _bwd(bq1, bk1, bq2, bk2, w, st):
+  return dict(block_q_dkv=bq1, block_k_dkv=bk1, block_q_dq=bq2, block_k_dq=bk2,
+              bwd_num_warps=w, bwd_num_stages=st)
+
+
+# Variants per head dim: (block_q, block_k, warps, stages) forward; backward tiles + launch.
+FWD = {
+    64: [_fwd(128, 64, 4, 3), _fwd(128, 128, 4, 3), _fwd(128, 128, 8, 3), _fwd(64, 64, 4, 3)],
+    128: [_fwd(128, 64, 4, 3), _fwd(128, 64, 8, 3), _fwd(128, 128, 8, 3), _fwd(128, 64, 4, 4),
+          _fwd(128, 32, 4, 4), _fwd(64, 64, 4, 3), _fwd(128, 128, 8, 2)],
+    256: [_fwd(64, 64, 8, 2), _fwd(128, 64, 8, 2), _fwd(64, 32, 4, 2), _fwd(128, 32, 8, 3)],
+}
+BWD = {
+    64: [_bwd(64, 64, 64, 64, 4, 2), _bwd(64, 128, 128, 64, 4, 2), _bwd(128, 128, 128, 128, 8, 2),
+         _bwd(64, 64, 64, 64, 4, 3)],
+    128: [_bwd(64, 128, 128, 64, 8, 2), _bwd(32, 128, 128, 32, 4, 3), _bwd(64, 64, 64, 64, 4, 2),
+          _bwd(64, 128, 128, 64, 8, 1), _bwd(32, 64, 64, 32, 4, 3), _bwd(128, 128, 128, 128, 8, 1),
+          _bwd(64, 64, 64, 64, 4, 3), _bwd(64, 64, 64, 64, 8, 2), _bwd(32, 64, 64, 32, 4, 2)],
+    256: [_bwd(32, 64, 64, 32, 8, 1), _bwd(32, 32, 32, 32, 4, 2), _bwd(64, 64, 64, 64, 8, 2),
+          _bwd(32, 64, 64, 32, 4, 2)],
+}
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", default=".")
   ap.add_argument("--shape", default="4,4096,16,128")
+  ap.add_argument("--only", default="", help="comma list of variant names to run (default all)")
+  ap.add_argument("--no-check", action="store_true")
   ap.add_argument("--skip-bwd", action="store_true")
   args = ap.parse_args()
   b, t, n, h = map(int, args.shape.split(","))
@@ -113,21 +123,27 @@ def main():
     res["rows"].append(row)
     print(json.dumps(row), flush=True)
 
-  print("check default:", check(None), flush=True)
+  if not args.no_check:
+    print("check default:", check(None, h=h), flush=True)
+  only = set(filter(None, args.only.split(",")))
+  fwd_variants = [(f"fwd{i}", c) for i, c in enumerate(FWD[h])]
+  bwd_variants = [(f"bwd{i}", Config(**kw)) for i, kw in enumerate(BWD[h])]
+  if only:
+    fwd_variants = [x for x in fwd_variants if x[0] in only]
+    bwd_variants = [x for x in bwd_variants if x[0] in only]
   for causal in (False, True):
     fwd, fwdbwd = make_fns("cudnn", causal, None)
     record("cudnn", None, causal, "fwd", fwd, q, k, v)
     if not args.skip_bwd:
       record("cudnn", None, causal, "fwdbwd", fwdbwd, q, k, v, do)
-    for i, cfg in enumerate(FWD):
+    for name, cfg in fwd_variants:
       fwd, _ = make_fns("triton", causal, cfg)
-      record(f"fwd{i}", cfg, causal, "fwd", fwd, q, k, v)
+      record(name, cfg, causal, "fwd", fwd, q, k, v)
     if not args.skip_bwd:
-      for i, kw in enumerate(BWD):
-        cfg = Config(**kw)
+      for name, cfg in bwd_variants:
         _, fwdbwd = make_fns("triton", causal, cfg)
-        record(f"bwd{i}", cfg, causal, "fwdbwd", fwdbwd, q, k, v, do)
-  with open(f"{args.out}/triton_sweep.json", "w") as f:
+        record(name, cfg, causal, "fwdbwd", fwdbwd, q, k, v, do)
+  with open(f"{args.out}/triton_sweep_h{h}.json", "w") as f:
     json.dump(res, f, indent=1)
   for r in res["rows"]:
     print(f"{r['name']:6s} causal={r['causal']!s:5s} {r['mode']:6s} "
