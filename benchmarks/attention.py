@@ -366,8 +366,9 @@ def build_plan(args: argparse.Namespace) -> list[tuple[Row, tuple[str, ...]]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", default="benchmarks/results/attention",
-                      help="output folder for attention.json and attention.png")
+  parser.add_argument("--out", default=None,
+                      help="output folder for attention.json and attention.png (default "
+                           "benchmarks/results/attention; with --plot-only, the JSON's folder)")
   parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS}")
   parser.add_argument("--rows", default="", help="comma list of BxTxNxH (default: the grid)")
   parser.add_argument("--modes", default=",".join(MODES), help="fwd,fwdbwd")
@@ -388,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       payload = json.load(f)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in payload["results"])]
     print(format_tables(payload["results"], impls))
-    out_png = os.path.join(os.path.dirname(os.path.abspath(args.plot_only)), "attention.png")
+    out_dir = args.out or os.path.dirname(os.path.abspath(args.plot_only))
+    os.makedirs(out_dir, exist_ok=True)
+    out_png = os.path.join(out_dir, "attention.png")
     plot(payload["results"], payload["meta"], out_png)
     print(f"wrote {out_png}")
     return 0
@@ -402,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"--modes must be from {MODES}")
   iterations = args.iters or (3 if args.quick else 20)
   plan = build_plan(args)
+  args.out = args.out or "benchmarks/results/attention"
   out_json = os.path.join(args.out, "attention.json")
   out_png = os.path.join(args.out, "attention.png")
 
