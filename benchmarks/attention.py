@@ -379,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--xla-max-seq", type=int, default=8192,
                       help="skip XLA above this sequence length (quadratic memory, slow)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--allow-cpu", action="store_true",
+                      help="run the full-size grid even when jax found no GPU (else it stops)")
   parser.add_argument("--plot-only", metavar="JSON", default=None,
                       help="remake table and plot from a saved attention.json, run nothing")
   args = parser.parse_args(argv)
@@ -410,6 +412,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   out_png = os.path.join(args.out, "attention.png")
 
   meta = timing.metadata()
+  if meta["platform"] != "gpu" and not (args.quick or args.allow_cpu):
+    print(f"attention.py: jax runs on {meta['platform']!r}, not a GPU: stopping before the "
+          "full-size grid (use --quick or --allow-cpu)", flush=True)
+    return 2
   meta.update(tokamax=timing.package_version("tokamax"), argv=sys.argv[1:],
               iterations=iterations, tol_fwd=TOL_FWD, tol_grad=TOL_GRAD, ref_heads=REF_HEADS,
               cupti=timing.prime_cupti() or "ok")
