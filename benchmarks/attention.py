@@ -309,7 +309,7 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
       ax.grid(True, alpha=0.3)
       ax.set_title(f"head dim 128, {'fwd+bwd' if mode == 'fwdbwd' else 'forward'}, "
                    f"{'causal' if causal else 'full'}")
-      if i == 0 and j == 0:
+      if i == 0 and j == 0 and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
   ax = fig.add_subplot(grid[2, :])
   groups = []
