@@ -18,8 +18,8 @@ class Config:
     bwd_num_warps, bwd_num_stages: launch parameters of both backward kernels.
   """
   block_q: int = 128
-  block_k: int = 64
-  num_warps: int = 4
+  block_k: int = 128
+  num_warps: int = 8
   num_stages: int = 3
   block_q_dkv: int = 64
   block_k_dkv: int = 64
@@ -48,7 +48,7 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
   return p
 
 
-def default_config(*, head_dim: int, seq_q: int, seq_k: int) -> Config:
+def default_config(*, head_dim: int, seq_q: int, seq_k: int, itemsize: int = 2) -> Config:
   """Heuristic Config for a head dim (padded to a power of two) and sequence lengths.
 
   Tiles shrink for short sequences (no point in a 128-row tile for 3 queries) and for large head
@@ -56,9 +56,10 @@ def default_config(*, head_dim: int, seq_q: int, seq_k: int) -> Config:
   """
   hp = _pow2_at_least(head_dim)
   if hp <= 64:
-    cfg = Config(block_q=128, block_k=64, num_warps=4, num_stages=3,
-                 block_q_dkv=64, block_k_dkv=128, block_q_dq=128, block_k_dq=64,
-                 bwd_num_warps=8, bwd_num_stages=2)
+    # H200 sweep (results/*triton_sweep_h64.json, 4x4096x32x64): 64x64 tiles lead both passes.
+    cfg = Config(block_q=64, block_k=64, num_warps=4, num_stages=3,
+                 block_q_dkv=64, block_k_dkv=64, block_q_dq=64, block_k_dq=64,
+                 bwd_num_warps=4, bwd_num_stages=3)
   elif hp <= 128:
     # H200 sweep 2026-12-02 (benchmarks/results/*triton_sweep_h128.json): 128x128 tiles with 8
     # warps lead the forward (454 TFLOP/s full, 381 causal at 4x4096x16x128); 64x64 backward tiles
@@ -67,10 +68,30 @@ def default_config(*, head_dim: int, seq_q: int, seq_k: int) -> Config:
                  block_q_dkv=64, block_k_dkv=64, block_q_dq=64, block_k_dq=64,
                  bwd_num_warps=4, bwd_num_stages=2)
   else:
-    cfg = Config(block_q=64, block_k=64, num_warps=8, num_stages=2,
+    # H=256 (results/*triton_sweep_h256_fwd.json): 128x64 tiles, 8 warps, 2 stages (192 KB of
+    # shared memory; 3 stages would exceed the 227 KB limit).
+    cfg = Config(block_q=128, block_k=64, num_warps=8, num_stages=2,
                  block_q_dkv=32, block_k_dkv=64, block_q_dq=64, block_k_dq=32,
-                 bwd_num_warps=8, bwd_num_stages=1)
-  return fit_to_lengths(cfg, seq_q=seq_q, seq_k=seq_k)
+                 bwd_num_warps=4, bwd_num_stages=2)
+  cfg = fit_to_lengths(cfg, seq_q=seq_q, seq_k=seq_k)
+  # float32 inputs double the tiles' bytes: shed pipeline stages, then tile size, until they fit.
+  while forward_smem_bytes(cfg, head_dim=head_dim, itemsize=itemsize) > SMEM_LIMIT_BYTES:
+    if cfg.num_stages > 2:
+      cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    elif cfg.block_k > 32:
+      cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+    else:
+      cfg = dataclasses.replace(cfg, block_q=cfg.block_q // 2)
+  return cfg
+
+
+SMEM_LIMIT_BYTES = 227 * 1024   # Hopper: 227 KB of shared memory per block
+
+
+def forward_smem_bytes(cfg: Config, *, head_dim: int, itemsize: int = 2) -> int:
+  """Shared memory the forward asks for: the Q tile plus ``num_stages`` buffered K and V tiles."""
+  hp = _pow2_at_least(head_dim)
+  return (cfg.block_q + 2 * cfg.num_stages * cfg.block_k) * hp * itemsize
 
 
 def fit_to_lengths(cfg: Config, *, seq_q: int, seq_k: int) -> Config:

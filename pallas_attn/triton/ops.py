@@ -12,7 +12,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_attn import masks
 from pallas_attn.triton import kernels
-from pallas_attn.triton.config import Config, default_config, fit_to_lengths
+from pallas_attn.triton.config import (SMEM_LIMIT_BYTES, Config, default_config, fit_to_lengths,
+                                       forward_smem_bytes)
 
 MAX_HEAD_DIM = 256
 
@@ -50,11 +51,15 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   if h > MAX_HEAD_DIM:
     raise NotImplementedError(f"triton backend supports head_dim <= {MAX_HEAD_DIM}, got {h}")
   if config is None:
-    cfg = default_config(head_dim=h, seq_q=t, seq_k=s)
+    cfg = default_config(head_dim=h, seq_q=t, seq_k=s, itemsize=q.dtype.itemsize)
   elif isinstance(config, Config):
     cfg = fit_to_lengths(config, seq_q=t, seq_k=s)
   else:
     raise NotImplementedError(f"config of type {type(config).__name__} is not a triton Config")
+  smem = forward_smem_bytes(cfg, head_dim=h, itemsize=q.dtype.itemsize)
+  if smem > SMEM_LIMIT_BYTES and not interpret:
+    raise NotImplementedError(f"config needs ~{smem // 1024} KB of shared memory for head_dim {h} "
+                              f"(limit {SMEM_LIMIT_BYTES // 1024} KB): lower block_q/block_k/num_stages")
   left, right = masks.canonical_window(causal=causal, window=window)
   spec = masks.MaskSpec(left=left, right=right, offset=s - t)
   tq = _round_up(t, max(cfg.block_q, cfg.block_q_dkv, cfg.block_q_dq))

@@ -13,7 +13,7 @@ from jax._src import mesh as mesh_lib
 
 import pallas_attn
 from pallas_attn.triton import Config, default_config
-from pallas_attn.triton.config import fit_to_lengths
+from pallas_attn.triton.config import SMEM_LIMIT_BYTES, fit_to_lengths, forward_smem_bytes
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 96), ("block_k", 8), ("block_q_dq", 512),
@@ -35,16 +35,24 @@ def test_config_is_frozen_and_hashable():
 @pytest.mark.parametrize("seq", [1, 3, 100, 4096])
 def test_default_config_fits(head_dim, seq):
   cfg = default_config(head_dim=head_dim, seq_q=seq, seq_k=seq)
+  cfg32 = default_config(head_dim=head_dim, seq_q=seq, seq_k=seq, itemsize=4)
+  assert forward_smem_bytes(cfg, head_dim=head_dim, itemsize=2) <= SMEM_LIMIT_BYTES
+  assert forward_smem_bytes(cfg32, head_dim=head_dim, itemsize=4) <= SMEM_LIMIT_BYTES
   tiles = (cfg.block_q, cfg.block_k, cfg.block_q_dkv, cfg.block_k_dkv, cfg.block_q_dq,
            cfg.block_k_dq)
   assert all(16 <= b <= max(16, 1 << (seq - 1).bit_length()) for b in tiles)
-  if head_dim > 128:   # large heads: smaller tiles keep the fp32 accumulator in registers
-    assert cfg.block_q * head_dim <= 64 * 256
 
 
 def test_fit_to_lengths_clamps_but_keeps_launch_params():
   cfg = fit_to_lengths(Config(block_q=128, num_warps=8), seq_q=20, seq_k=3)
   assert (cfg.block_q, cfg.block_k, cfg.num_warps) == (32, 16, 8)
+
+
+def test_config_over_shared_memory_is_not_implemented():
+  q = jnp.ones((1, 256, 2, 256), jnp.bfloat16)
+  big = Config(block_q=128, block_k=128, num_stages=3)
+  with pytest.raises(NotImplementedError, match="shared memory"):
+    pallas_attn.flash_attention(q, q, q, implementation="triton", config=big, interpret=False)
 
 
 def test_wrong_config_type_is_not_implemented():
