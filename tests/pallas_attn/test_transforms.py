@@ -1,0 +1,100 @@
+"""jit vs eager, vmap, shard_map and repeated runs: all bitwise equal, on every backend."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import harness as H
+from harness import Case
+from pallas_attn import flash_attention
+
+CASE = Case(t=72, s=100, h=64, n=4, kh=2, causal=True, kv_lengths=(100, 37), seed=3)
+SEG_CASE = Case(t=50, s=70, h=32, n=4, kh=1, segments=3, window=(20, 5), softcap=10.0,
+                dtype="float32", seed=4)
+
+
+@pytest.mark.parametrize("case", [CASE, SEG_CASE], ids=lambda c: c.id)
+def test_jit_matches_eager(backend, case):
+  x, _, _ = H.case_data(case)
+  jitted = H.runner(case, implementation=backend, jit=True)(x)
+  eager = H.runner(case, implementation=backend, jit=False)(x)
+  H.assert_bitwise(jitted, eager, f"{backend} jit vs eager")
+
+
+@pytest.mark.parametrize("case", [CASE, SEG_CASE], ids=lambda c: c.id)
+def test_second_run_is_bitwise_identical(backend, case):
+  x, hi, lo = H.case_data(case)
+  first = H.runner(case, implementation=backend)(x)
+  second = H.runner(case, implementation=backend)(x)      # a fresh trace and compile
+  H.assert_bitwise(first, second, f"{backend} run 1 vs run 2")
+  H.assert_ratio_rule(first, hi, lo, case.dtype, what=f"{backend} {case.id}")
+
+
+def _loss_fn(case: Case, implementation: str):
+  """(out, lse) and the VJP with fixed cotangents, as one function of the batched arrays."""
+  def f(q, k, v, do, dlse, qs, ks, lens):
+    fn = lambda q, k, v: flash_attention(
+        q, k, v, causal=case.causal, scale=case.scale, window=case.window,
+        softcap=case.softcap, q_segment_ids=qs, kv_segment_ids=ks, kv_lengths=lens,
+        return_lse=True, implementation=implementation)
+    (out, lse), pull = jax.vjp(fn, q, k, v)
+    dq, dk, dv = pull((do, dlse))
+    return out, lse, dq, dk, dv
+  return f
+
+
+def _as_dict(res):
+  return dict(zip(H.TENSORS, res))
+
+
+@pytest.mark.parametrize("case", [CASE, SEG_CASE], ids=lambda c: c.id)
+def test_vmap_over_extra_axis(backend, case):
+  """vmap over a leading axis of 3 stacked problems == each problem alone."""
+  xs = [H.make_inputs(case.replace(seed=case.seed + 10 * e)) for e in range(3)]
+  stack = lambda name: (None if getattr(xs[0], name) is None
+                        else jnp.stack([getattr(x, name) for x in xs]))
+  names = ("q", "k", "v", "do", "dlse", "q_segment_ids", "kv_segment_ids", "kv_lengths")
+  args = [stack(n) for n in names]
+  axes = [None if a is None else 0 for a in args]
+  f = _loss_fn(case, backend)
+  batched = _as_dict(jax.jit(jax.vmap(f, in_axes=axes))(*args))
+  single = jax.jit(f)
+  for e, x in enumerate(xs):
+    alone = _as_dict(single(*[getattr(x, n) for n in names]))
+    H.assert_bitwise({k: v[e] for k, v in batched.items()}, alone,
+                     f"{backend} vmap slice {e} vs unbatched")
+
+
+def _mesh_shape(n_dev: int) -> tuple[int, int]:
+  return {8: (2, 4), 4: (2, 2), 2: (2, 1)}.get(n_dev, (1, 1))
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_shard_map_over_batch_and_heads(backend, segments):
+  """shard_map with batch on one mesh axis and K/V heads on the other == unsharded, bitwise."""
+  devices = jax.devices()
+  n_dev = 8 if len(devices) >= 8 else len(devices)
+  db, dh = _mesh_shape(n_dev)
+  if jax.default_backend() == "cpu":
+    assert len(devices) >= 8, "conftest sets 8 simulated CPU devices (XLA_FLAGS)"
+  mesh = Mesh(np.array(devices[: db * dh]).reshape(db, dh), ("batch", "heads"))
+  case = Case(t=40, s=56, h=32, b=2 * db, n=2 * dh, kh=dh, causal=not segments,
+              segments=3 if segments else 0,
+              kv_lengths=tuple(56 - 9 * i for i in range(2 * db)), dtype="float32", seed=5)
+  x = H.make_inputs(case)
+  names = ("q", "k", "v", "do", "dlse", "q_segment_ids", "kv_segment_ids", "kv_lengths")
+  args = [getattr(x, n) for n in names]
+  bthd, bnt, bt = P("batch", None, "heads", None), P("batch", "heads", None), P("batch", None)
+  specs = (bthd, bthd, bthd, bthd, bnt, bt, bt, P("batch"))
+  f = _loss_fn(case, backend)
+  if not segments:                                      # shard_map needs no None leaves
+    f = (lambda g: lambda q, k, v, do, dlse, lens: g(q, k, v, do, dlse, None, None, lens))(f)
+    args = [a for a in args if a is not None]
+    specs = specs[:5] + specs[7:]
+  sharded = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=specs,
+                                  out_specs=(bthd, bnt, bthd, bthd, bthd)))
+  H.assert_bitwise(_as_dict(sharded(*args)), _as_dict(jax.jit(f)(*args)),
+                   f"{backend} shard_map on mesh {db}x{dh} vs unsharded")
