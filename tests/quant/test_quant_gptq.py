@@ -66,7 +66,13 @@ def test_float32_codes_agree_with_float64():
   res = quant.gptq(jnp.asarray(w, jnp.float32), jnp.asarray(h, jnp.float32), bits=4,
                    group_size=16, sym=True, block_size=64)
   assert res.qweight.zeros is None
-  assert (_codes_original_order(res.qweight) == ref).mean() > 0.99
+  # Ties (see above) flip a few codes and the error feedback then diverges slightly: compare the
+  # codes loosely and the resulting output error tightly.
+  assert (_codes_original_order(res.qweight) == ref).mean() > 0.9
+  ref_hat = (ref - 8) * np.asarray(res.qweight.scales).repeat(16, 0)
+  err = float(quantize_error(jnp.asarray(w, jnp.float32), quant.dequantize(res.qweight), h))
+  np.testing.assert_allclose(err, float(quantize_error(jnp.asarray(w), jnp.asarray(ref_hat), h)),
+                             rtol=0.05)
 
 
 @pytest.mark.parametrize("gs,act", [(None, False), (32, True)])
