@@ -75,13 +75,16 @@ def remat_runner(policy: str) -> Callable:
   return run
 
 
+def _check_microbatches(batch: Any, n: int) -> None:
+  for x in jax.tree.leaves(batch):
+    if not x.shape or x.shape[0] % n:
+      raise ValueError(f"batch dimension of shape {x.shape} is not divisible by grad_accum={n}")
+
+
 def _split_microbatches(batch: Any, n: int) -> Any:
   # Strided split: micro-batch j takes rows j, j + n, ...; each device keeps its own rows.
-  def one(x):
-    if x.shape[0] % n:
-      raise ValueError(f"batch dimension {x.shape[0]} is not divisible by grad_accum={n}")
-    return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
-  return jax.tree.map(one, batch)
+  _check_microbatches(batch, n)
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1), batch)
 
 
 class TrainStep:
@@ -94,7 +97,8 @@ class TrainStep:
 
   def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation,
                loss_fn: Callable, *, mesh: Mesh, rules: Rules, pipeline: Any = None,
-               remat: str = "none", grad_accum: int = 1):
+               remat: str = "none", grad_accum: int = 1,
+               compiler_options: dict[str, Any] | None = None):
     if not isinstance(rules, Rules):
       raise ValueError(f"rules must be a parallel.rules.Rules preset, got {type(rules).__name__}")
     if not isinstance(grad_accum, int) or grad_accum < 1:
@@ -115,6 +119,7 @@ class TrainStep:
       pipeline.validate(stages=mesh.shape["stage"], layers=blocks.n_layers)
     self.mesh, self.rules, self.pipeline, self.remat = mesh, rules, pipeline, remat
     self.optimizer, self.loss_fn, self.grad_accum = optimizer, loss_fn, grad_accum
+    self.compiler_options = dict(compiler_options or {})
     self.graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
     self.param_shardings = shd.state_shardings(params, mesh=mesh, rules=rules, kind="params")
     opt_shape = jax.eval_shape(optimizer.init, params)
@@ -180,36 +185,45 @@ class TrainStep:
     (grads,) = vjp((jnp.ones_like(total), jnp.zeros_like(count)))
     return (total, count), grads
 
-  def _step(self, state: TrainState, batch):
+  def _step(self, state: TrainState, batch, *, return_grads: bool = False):
     loss, grads, count = self._loss_and_grad(state.params, batch)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    return TrainState(state.step + 1, params, opt_state), {"loss": loss, "tokens": count}
+    metrics = {"loss": loss, "tokens": count}
+    if return_grads:
+      metrics["grads"] = grads
+    return TrainState(state.step + 1, params, opt_state), metrics
 
   def _jitted(self, kind: str, batch):
     key = (kind, jax.tree.structure(batch),
            tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch)))
     if key not in self._compiled:
       bs = shd.batch_sharding(batch, mesh=self.mesh, rules=self.rules)
-      if self.grad_accum > 1:
-        _split_microbatches(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch),
-                            self.grad_accum)
+      _check_microbatches(batch, self.grad_accum)
       metric_sh = {"loss": self._replicated, "tokens": self._replicated}
-      if kind == "step":
-        fn = jax.jit(self._step, in_shardings=(self.state_shardings, bs),
-                     out_shardings=(self.state_shardings, metric_sh))
+      if kind.startswith("step"):
+        with_grads = kind == "step+grads"
+        if with_grads:
+          metric_sh["grads"] = self.param_shardings
+        fn = jax.jit(functools.partial(self._step, return_grads=with_grads),
+                     in_shardings=(self.state_shardings, bs),
+                     out_shardings=(self.state_shardings, metric_sh),
+                     compiler_options=self.compiler_options or None)
       else:
         fn = jax.jit(lambda s, b: self._loss_and_grad(s.params, b)[:2],
                      in_shardings=(self.state_shardings, bs),
-                     out_shardings=(self._replicated, self.param_shardings))
+                     out_shardings=(self._replicated, self.param_shardings),
+                     compiler_options=self.compiler_options or None)
       log.debug("compiling %s for %s", kind, key)
       self._compiled[key] = fn
     return self._compiled[key]
 
   # ---------------------------------------------------------------- public calls
-  def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step: returns the new state and ``{"loss", "tokens"}``."""
-    return self._jitted("step", batch)(state, batch)
+  def __call__(self, state: TrainState, batch: Any, *, return_grads: bool = False
+               ) -> tuple[TrainState, dict[str, Any]]:
+    """One optimizer step: returns the new state and ``{"loss", "tokens"}`` (the loss and
+    token count of ``batch`` before the update), plus ``"grads"`` if ``return_grads``."""
+    return self._jitted("step+grads" if return_grads else "step", batch)(state, batch)
 
   def loss_and_grad(self, state: TrainState, batch: Any) -> tuple[jax.Array, Any]:
     """The loss and the gradients (sharded like the parameters), without updating."""
@@ -225,7 +239,8 @@ class TrainStep:
 
 def make_train_step(model: nnx.Module, optimizer: optax.GradientTransformation,
                     loss_fn: Callable, *, mesh: Mesh, rules: Rules, pipeline: Any = None,
-                    remat: str = "none", grad_accum: int = 1) -> TrainStep:
+                    remat: str = "none", grad_accum: int = 1,
+                    compiler_options: dict[str, Any] | None = None) -> TrainStep:
   """Builds a sharded optax training step for an NNX model.
 
   Args:
@@ -238,6 +253,8 @@ def make_train_step(model: nnx.Module, optimizer: optax.GradientTransformation,
       over the ``stage`` axis (needs ``GPTConfig(scan_layers=True)``), or ``None``.
     remat: activation checkpointing policy per block, one of ``REMAT_POLICIES``.
     grad_accum: number of micro-batches whose gradients are accumulated per step.
+    compiler_options: XLA options passed to ``jax.jit`` (e.g. ``{"xla_backend_optimization_level":
+      0}`` to compile faster on CPU in tests).
 
   Returns:
     A ``TrainStep``: ``state = step.init(model)``, ``state, metrics = step(state, batch)``,
@@ -248,4 +265,4 @@ def make_train_step(model: nnx.Module, optimizer: optax.GradientTransformation,
     ...                        mesh=make_mesh(data=8), rules=rules.DP)
   """
   return TrainStep(model, optimizer, loss_fn, mesh=mesh, rules=rules, pipeline=pipeline,
-                   remat=remat, grad_accum=grad_accum)
+                   remat=remat, grad_accum=grad_accum, compiler_options=compiler_options)

@@ -1,0 +1,42 @@
+"""Helpers shared by the parallel/ tests (a tiny GPT config, tokens, tree comparisons)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from examples.gpt import GPTConfig
+
+# Fewer LLVM passes: 3x faster CPU compiles, which dominate these tests' runtime.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def tiny_config(**changes) -> GPTConfig:
+  base = dict(vocab=64, d_model=32, n_heads=8, n_kv_heads=8, n_layers=2, mlp_ratio=4, max_len=16)
+  base.update(changes)
+  return GPTConfig(**base)
+
+
+def make_tokens(batch: int = 8, length: int = 17, *, seed: int = 1, pad_rows: int = 3) -> jax.Array:
+  """Random tokens; the first ``pad_rows`` rows end in padding (id 0) of different lengths."""
+  tokens = np.array(jax.random.randint(jax.random.key(seed), (batch, length), 1, 64))
+  for r in range(min(pad_rows, batch)):
+    tokens[r, length - 3 * (r + 1):] = 0
+  return jnp.asarray(tokens, jnp.int32)
+
+
+def assert_trees_close(actual, expected, *, rtol=1e-5, atol=1e-6, what=""):
+  a_leaves, a_tree = jax.tree.flatten(actual)
+  e_leaves, e_tree = jax.tree.flatten(expected)
+  assert a_tree == e_tree, f"{what}: tree structures differ"
+  for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol,
+                               err_msg=f"{what} leaf {i}")
+
+
+def assert_trees_equal(actual, expected, *, what=""):
+  a_leaves, a_tree = jax.tree.flatten(actual)
+  e_leaves, e_tree = jax.tree.flatten(expected)
+  assert a_tree == e_tree, f"{what}: tree structures differ"
+  for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+    a, e = np.asarray(a), np.asarray(e)
+    assert a.dtype == e.dtype and a.shape == e.shape, f"{what} leaf {i}"
+    assert np.array_equal(a.view(np.uint8), e.view(np.uint8)), f"{what} leaf {i} not bitwise equal"
