@@ -23,13 +23,17 @@ def make_tokens(batch: int = 8, length: int = 17, *, seed: int = 1, pad_rows: in
   return jnp.asarray(tokens, jnp.int32)
 
 
-def assert_trees_close(actual, expected, *, rtol=1e-5, atol=1e-6, what=""):
+def assert_trees_close(actual, expected, *, rtol=1e-5, atol=1e-6, what="", scale_atol=False):
+  """rtol / atol per element; ``scale_atol`` multiplies atol by max(1, max|expected|) of the leaf
+  (float32 sums err in proportion to their terms, not their result, when terms cancel)."""
   a_leaves, a_tree = jax.tree.flatten(actual)
   e_leaves, e_tree = jax.tree.flatten(expected)
   assert a_tree == e_tree, f"{what}: tree structures differ"
   for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol,
-                               err_msg=f"{what} leaf {i}")
+    a, e = np.asarray(a), np.asarray(e)
+    assert np.isfinite(a).all(), f"{what} leaf {i} has non-finite values"
+    tol = atol * max(1.0, float(np.abs(e).max(initial=0.0))) if scale_atol else atol
+    np.testing.assert_allclose(a, e, rtol=rtol, atol=tol, err_msg=f"{what} leaf {i}")
 
 
 def assert_trees_equal(actual, expected, *, what=""):
