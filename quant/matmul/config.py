@@ -1,0 +1,138 @@
+"""Tuning knobs of the Triton W4A16 kernel: one frozen Config, a pure heuristic and a shape fit.
+
+A program of the kernel owns a ``block_m x block_n`` tile of the output and one of ``split_k``
+contiguous slices of K; it walks its slice ``block_k`` rows at a time. Constraints (checked by
+``fit_config``, which raises NotImplementedError for a valid call it cannot serve):
+
+* Triton tiles are powers of two and a dot needs at least 16 rows on every side, so the kernel
+  computes 16 rows even for M = 1 (masked loads and stores keep the padding out of memory).
+* The scale is applied after the dot (exact, see ``triton.py``), so every dot covers rows of one
+  quantization group: ``block_k`` divides ``group_size`` or is a multiple of it (then one step
+  does ``block_k / group_size`` dots), and each split of K holds whole groups.
+
+Example:
+  >>> cfg = default_config(m=1, k=8192, n=28672, group_size=128)
+  >>> cfg.block_m, cfg.split_k
+  (16, 2)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+_BLOCKS = (16, 32, 64, 128, 256, 512)
+NUM_SMS = 132          # H200
+MIN_DOT = 16           # Triton's smallest dot extent
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Tile and launch parameters; hashable, so it can be a static jit argument.
+
+  Attributes:
+    block_m: rows of x per program (>= 16; decode uses 16).
+    block_n: output columns per program.
+    block_k: rows of the weight consumed per loop step.
+    split_k: number of programs sharing one output tile along K; their float32 partial sums
+      ``[split_k, M, N]`` are added by XLA afterwards (deterministic, no atomics).
+    num_warps, num_stages: Triton launch (warps per program, software-pipeline depth).
+  """
+  block_m: int = 16
+  block_n: int = 128
+  block_k: int = 128
+  split_k: int = 1
+  num_warps: int = 4
+  num_stages: int = 4
+
+  def __post_init__(self):
+    for f in ("block_m", "block_n", "block_k"):
+      val = getattr(self, f)
+      if val not in _BLOCKS or (f == "block_m" and val > 256):
+        raise ValueError(f"Config.{f} must be a power of two in {_BLOCKS}, got {val!r}")
+    if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or not (
+        1 <= self.split_k <= 64):
+      raise ValueError(f"Config.split_k must be an int in [1, 64], got {self.split_k!r}")
+    if self.num_warps not in (1, 2, 4, 8, 16):
+      raise ValueError(f"Config.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+    if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+      raise ValueError(f"Config.num_stages must be in [1, 8], got {self.num_stages!r}")
+
+
+def pow2_at_least(n: int, floor: int = MIN_DOT) -> int:
+  p = floor
+  while p < n:
+    p *= 2
+  return p
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def check_shape(cfg: Config, *, k: int, group_size: int) -> None:
+  """Raises NotImplementedError when ``cfg`` cannot tile K for this group size."""
+  per_channel = group_size >= k
+  if k % cfg.split_k:
+    raise NotImplementedError(f"split_k={cfg.split_k} does not divide K={k}")
+  ks = k // cfg.split_k
+  if per_channel:
+    if cfg.split_k > 1 and ks % cfg.block_k:
+      raise NotImplementedError(f"per-channel split_k={cfg.split_k} needs K/split_k={ks} to be a "
+                                f"multiple of block_k={cfg.block_k}")
+    return
+  if ks % group_size:
+    raise NotImplementedError(f"K/split_k={ks} must hold whole groups of {group_size}")
+  bk = cfg.block_k
+  if bk <= group_size:
+    if group_size % bk:
+      raise NotImplementedError(f"block_k={bk} must divide group_size={group_size}")
+  elif bk % group_size or ks % bk:
+    raise NotImplementedError(f"block_k={bk} > group_size={group_size} needs both block_k to be a "
+                              f"multiple of the group and K/split_k={ks} a multiple of block_k")
+
+
+def fit_config(cfg: Config, *, m: int, k: int, n: int, group_size: int) -> Config:
+  """Clamps tiles to the problem (never below 16) and fixes block_k to the group structure.
+
+  block_m / block_n shrink to the power of two covering M / N; block_k halves until it fits the
+  groups (down to 16). Raises NotImplementedError when no block_k works (groups of fewer than 16
+  rows, or a split that cuts a group).
+  """
+  bk = min(cfg.block_k, pow2_at_least(k))
+  cfg = dataclasses.replace(cfg, block_m=min(cfg.block_m, pow2_at_least(m)),
+                            block_n=min(cfg.block_n, pow2_at_least(n)), block_k=bk)
+  while True:
+    try:
+      check_shape(cfg, k=k, group_size=group_size)
+      return cfg
+    except NotImplementedError:
+      if cfg.block_k <= MIN_DOT:
+        raise
+      cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+
+
+def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NUM_SMS) -> Config:
+  """Heuristic Config for ``[m, k] @ [k, n]`` with groups of ``group_size`` rows (K: per-channel).
+
+  Small M (decode) is bound by streaming the int4 weight: 16-row tiles, deep pipelines, and
+  ``split_k`` doubled until there are about two programs per SM (while each split keeps >= 1024
+  rows of K). Larger M uses wider M tiles so each weight tile is read by fewer programs.
+  """
+  if m <= 16:
+    cfg = Config(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=4)
+  elif m <= 32:
+    cfg = Config(block_m=32, block_n=128, block_k=256, num_warps=4, num_stages=4)
+  elif m <= 64:
+    cfg = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
+  else:
+    cfg = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
+  cfg = fit_config(cfg, m=m, k=k, n=n, group_size=group_size)
+  programs = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+  split = 1
+  while m <= 64 and programs * split < 2 * num_sms and k // (2 * split) >= 1024:
+    trial = dataclasses.replace(cfg, split_k=2 * split)
+    try:
+      check_shape(trial, k=k, group_size=group_size)
+    except NotImplementedError:
+      break
+    split *= 2
+  return dataclasses.replace(cfg, split_k=split)
