@@ -70,9 +70,11 @@ def default_config(*, head_dim: int, seq_q: int, seq_k: int, itemsize: int = 2) 
   else:
     # H=256 (results/*triton_sweep_h256_fwd.json): 128x64 tiles, 8 warps, 2 stages (192 KB of
     # shared memory; 3 stages would exceed the 227 KB limit).
+    # Backward: the dK/dV program keeps two fp32 [block_k, 256] accumulators in registers, so
+    # 8 warps share them (128 registers a thread at block_k=64); one stage leaves smem to tiles.
     cfg = Config(block_q=128, block_k=64, num_warps=8, num_stages=2,
                  block_q_dkv=32, block_k_dkv=64, block_q_dq=64, block_k_dq=32,
-                 bwd_num_warps=4, bwd_num_stages=2)
+                 bwd_num_warps=8, bwd_num_stages=1)
   cfg = fit_to_lengths(cfg, seq_q=seq_q, seq_k=seq_k)
   # float32 inputs double the tiles' bytes: shed pipeline stages, then tile size, until they fit.
   while forward_smem_bytes(cfg, head_dim=head_dim, itemsize=itemsize) > SMEM_LIMIT_BYTES:
