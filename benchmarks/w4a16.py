@@ -1,0 +1,277 @@
+"""W4A16 benchmark: our Triton int4 kernel against XLA (bf16 weights; int4 dequant-then-dot).
+
+For M in {1, 16, 64, 256} and weights (K, N) in {(8192, 28672), (28672, 8192), (8192, 8192)},
+4-bit asymmetric, groups of 128 (``quant.rtn``), bf16 random-normal activations:
+
+* ``C`` weight copies are rotated inside one jitted call (``C`` matmuls, kernel time divided by
+  ``C``) so that the int4 working set exceeds 3x the H200's 60 MB L2 (the bf16 set is 4x that);
+* (a) ``xla-bf16``: ``x @ w`` with the dequantized weight stored in bf16;
+  (b) ``xla-int4``: ``x @ quant.dequantize(qw)`` under jit (XLA fuses the unpack, no kernel);
+  (c) ``ours-triton``: ``quant.matmul.triton.int4_matmul`` for the heuristic config and a small
+  sweep around it; the best is kept. Every config is first checked against the float32 reference
+  ``x @ dequantize(qw)`` (mean|y - ref| / mean|ref| above ``TOL`` marks it wrong, never timed);
+* CUPTI kernel time (median of ``--iters``; wall clock, flagged, when CUPTI is unavailable) of
+  everything the call launches (the split-K reduction and act-order gather included).
+
+Work runs in order of importance and no new measurement starts after ``--budget-s``; the JSON
+(``DIR/w4a16.json``) is rewritten after each row. Outputs: the JSON, ``DIR/w4a16.png`` (speedup
+over xla-bf16 by M, one line per shape, the issue's bars dashed) and a table on stdout.
+
+  python3 benchmarks/w4a16.py --out /tmp/w4a16             # the full grid, on the GPU
+  python3 benchmarks/w4a16.py --out /tmp/w4a16 --quick     # tiny shapes, on CPU (logic only)
+  python3 benchmarks/w4a16.py --plot-only /tmp/w4a16/w4a16.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (os.path.dirname(_HERE), _HERE):   # repo root (quant) and benchmarks/ (timing)
+  if _path not in sys.path:
+    sys.path.insert(0, _path)
+
+import jax  # pylint: disable=wrong-import-position
+import jax.numpy as jnp  # pylint: disable=wrong-import-position
+
+import quant  # pylint: disable=wrong-import-position
+import timing  # pylint: disable=wrong-import-position
+from quant.matmul import triton as w4_triton  # pylint: disable=wrong-import-position
+from quant.matmul.config import Config, default_config  # pylint: disable=wrong-import-position
+
+MS = (1, 16, 64, 256)
+SHAPES = ((8192, 28672), (28672, 8192), (8192, 8192))
+QUICK_MS = (1, 16, 64)
+QUICK_SHAPES = ((256, 384), (512, 256))
+GROUP = 128
+L2_BYTES = 60e6
+HBM_TBPS = 4.4                 # practical HBM bandwidth (BENCHMARKS.md)
+TOL = 5e-3                     # bf16 output rounding alone gives ~1.3e-3
+BARS = {1: 3.7, 16: 3.7, 64: 3.0, 256: 1.2}
+
+
+def sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[Config]:
+  """The heuristic config first, then a few neighbours (duplicates and misfits dropped)."""
+  base = default_config(m=m, k=k, n=n, group_size=GROUP)
+  rep = dataclasses.replace
+  if m <= 16:
+    cands = [rep(base, split_k=max(1, base.split_k // 2)), rep(base, split_k=base.split_k * 2),
+             rep(base, block_n=64, split_k=max(1, base.split_k // 2)),
+             rep(base, block_k=128, num_stages=6), rep(base, block_n=256, num_warps=8),
+             rep(base, block_k=512, num_stages=3)]
+  elif m <= 64:
+    cands = [rep(base, block_n=64), rep(base, block_k=256, num_stages=3),
+             rep(base, num_warps=8), rep(base, split_k=base.split_k * 2)]
+  else:
+    cands = [Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4),
+             Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+             Config(block_m=128, block_n=128, block_k=256, num_warps=8, num_stages=2),
+             Config(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)]
+  out = [base]
+  for c in cands[: 1 if quick else None]:
+    try:
+      c = w4_triton.resolve_config(c, m=m, k=k, n=n, group_size=GROUP)
+    except NotImplementedError:
+      continue
+    if c not in out:
+      out.append(c)
+  return out
+
+
+def _rel_err(y, ref) -> float:
+  y = y.astype(jnp.float32)
+  return float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
+
+
+def _rotated(fn, copies: int):
+  """jit of ``x, ws -> [fn(x, w) for w in ws]``: one call runs ``copies`` matmuls."""
+  return jax.jit(lambda x, ws: [fn(x, w) for w in ws])
+
+
+def _time(fn, x, ws, iters: int) -> timing.Timing:
+  t = timing.measure(fn, (x, ws), iterations=iters)
+  c = len(ws)
+  return timing.Timing(t.ms / c, tuple(v / c for v in t.ms_all), t.method, t.note)
+
+
+def _make_weights(k: int, n: int, copies: int):
+  keys = jax.random.split(jax.random.PRNGKey(k * 7 + n), copies)
+  quantize = jax.jit(lambda key: quant.rtn(jax.random.normal(key, (k, n), jnp.float32), bits=4,
+                                           group_size=GROUP, sym=False))
+  qws = [quantize(key) for key in keys]
+  dense = [quant.dequantize(qw, dtype=jnp.bfloat16) for qw in qws]
+  return qws, dense
+
+
+def bench_shape(k: int, n: int, ms: Sequence[int], *, quick: bool, iters: int, deadline: float,
+                interpret: bool, emit) -> None:
+  int4_bytes = k * n / 2
+  copies = 1 if quick else max(2, math.ceil(3 * L2_BYTES / int4_bytes))
+  qws, dense = _make_weights(k, n, copies)
+  ref_w = quant.dequantize(qws[0], dtype=jnp.float32)
+  xla_bf16 = _rotated(lambda x, w: x @ w, copies)
+  xla_int4 = _rotated(lambda x, qw: x @ quant.dequantize(qw, dtype=x.dtype), copies)
+  for m in ms:
+    row: dict[str, Any] = dict(m=m, k=k, n=n, group_size=GROUP, copies=copies,
+                               floor_ms=int4_bytes / (HBM_TBPS * 1e12) * 1e3)
+    if time.time() > deadline:
+      row["error"] = "time budget spent"
+      emit(row)
+      continue
+    x = jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.float32).astype(jnp.bfloat16)
+    ref = jnp.matmul(x.astype(jnp.float32), ref_w, precision=jax.lax.Precision.HIGHEST)
+    for name, fn, ws in (("xla_bf16", xla_bf16, dense), ("xla_int4", xla_int4, qws)):
+      try:
+        t = _time(fn, x, ws, iters)
+        row[name] = dict(ms=t.ms, method=t.method, note=t.note)
+      except Exception as e:  # pylint: disable=broad-except
+        row[name] = dict(error=f"{type(e).__name__}: {e}")
+    sweep = []
+    for cfg in sweep_configs(m, k, n, quick=quick):
+      if time.time() > deadline and sweep:
+        break
+      entry: dict[str, Any] = dict(config=dataclasses.asdict(cfg))
+      try:
+        one = jax.jit(lambda x, qw, cfg=cfg: w4_triton.int4_matmul(
+            x, qw, config=cfg, interpret=interpret))
+        entry["rel_err"] = _rel_err(one(x, qws[0]), ref)
+        if not entry["rel_err"] < TOL:
+          entry["error"] = f"wrong: rel_err {entry['rel_err']:.2e} >= {TOL}"
+        else:
+          t = _time(_rotated(lambda x, qw, cfg=cfg: w4_triton.int4_matmul(
+              x, qw, config=cfg, interpret=interpret), copies), x, qws, iters)
+          entry.update(ms=t.ms, method=t.method)
+      except Exception as e:  # pylint: disable=broad-except
+        entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+        entry["traceback"] = traceback.format_exc(limit=4)[-2000:]
+      sweep.append(entry)
+    row["ours_triton_sweep"] = sweep
+    timed = [e for e in sweep if "ms" in e]
+    if timed:
+      best = min(timed, key=lambda e: e["ms"])
+      row["ours_triton"] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
+                                method=best["method"])
+      for peer in ("xla_bf16", "xla_int4"):
+        if "ms" in row.get(peer, {}):
+          row[f"speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
+      row["hbm_fraction"] = row["floor_ms"] / best["ms"]
+    emit(row)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+  lines = [f"{'M x K x N':>20} {'bf16 ms':>8} {'int4xla':>8} {'ours ms':>8} {'vs bf16':>8} "
+           f"{'vs int4':>8} {'%HBM':>5}  best config / error"]
+  for r in results:
+    def ms(name):
+      v = r.get(name, {}).get("ms")
+      return f"{v:8.4f}" if v is not None else f"{'-':>8}"
+    sp = lambda key: f"{r[key]:8.2f}" if key in r else f"{'-':>8}"
+    hbm = f"{100 * r['hbm_fraction']:5.0f}" if "hbm_fraction" in r else f"{'-':>5}"
+    if "ours_triton" in r:
+      c = r["ours_triton"]["config"]
+      note = (f"m{c['block_m']} n{c['block_n']} k{c['block_k']} s{c['split_k']} "
+              f"w{c['num_warps']} st{c['num_stages']} err {r['ours_triton']['rel_err']:.1e}")
+    else:
+      errs = [e.get("error", "") for e in r.get("ours_triton_sweep", [])]
+      note = r.get("error") or (errs[0][:80] if errs else "")
+    lines.append(f"{r['m']:>5} x {r['k']:>5} x {r['n']:>5} {ms('xla_bf16')} {ms('xla_int4')} "
+                 f"{ms('ours_triton')} {sp('speedup_vs_xla_bf16')} {sp('speedup_vs_xla_int4')} "
+                 f"{hbm}  {note}")
+  return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  shapes = sorted({(r["k"], r["n"]) for r in results})
+  for (k, n), color in zip(shapes, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+    rows = [r for r in results if (r["k"], r["n"]) == (k, n)]
+    for key, style, label in (("speedup_vs_xla_bf16", "-o", "ours-triton"),):
+      pts = [(r["m"], r["xla_bf16"]["ms"] / r["xla_int4"]["ms"]) for r in rows
+             if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("xla_int4", {})]
+      if pts:
+        ax.plot(*zip(*pts), ":x", color=color, alpha=0.6, label=f"xla-int4 {k}x{n}")
+      pts = [(r["m"], r[key]) for r in rows if key in r]
+      if pts:
+        ax.plot(*zip(*pts), style, color=color, label=f"{label} {k}x{n}")
+  bars = sorted(BARS.items())
+  ax.step([m for m, _ in bars], [b for _, b in bars], "--", where="mid", color="gray",
+          label="issue bar")
+  ax.axhline(1.0, color="black", lw=0.8)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("M (rows of x)")
+  ax.set_ylabel("speedup over XLA bf16-weight matmul")
+  ax.set_title(f"W4A16 g{GROUP} asym, {meta.get('device_kind', '?')}, CUPTI kernel time")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default=os.path.join(_HERE, "results", "w4a16"),
+                      help="output folder (w4a16.json, w4a16.png)")
+  parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU logic check)")
+  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--budget-s", type=float, default=240.0,
+                      help="no new measurement starts after this many seconds")
+  parser.add_argument("--plot-only", metavar="JSON", default=None)
+  args = parser.parse_args(argv)
+
+  if args.plot_only:
+    with open(args.plot_only) as f:
+      payload = json.load(f)
+    out = os.path.dirname(os.path.abspath(args.plot_only))
+    plot(payload["results"], payload["meta"], os.path.join(out, "w4a16.png"))
+    print(table(payload["results"]))
+    return 0
+
+  on_gpu = jax.default_backend() == "gpu"
+  if not on_gpu and not args.quick:
+    print("no GPU found: run with --quick for a CPU logic check", file=sys.stderr)
+    return 2
+  start = time.time()
+  meta = timing.metadata()
+  meta.update(group_size=GROUP, iters=args.iters, quick=args.quick, partial=True,
+              l2_bytes=L2_BYTES, hbm_tbps=HBM_TBPS)
+  results: list[dict[str, Any]] = []
+  path = os.path.join(args.out, "w4a16.json")
+
+  def emit(row):
+    results.append(row)
+    timing.write_json(path, dict(meta=meta, results=results))
+    print(table([row]).splitlines()[-1], flush=True)
+
+  shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
+  iters = 3 if args.quick else args.iters
+  for k, n in shapes:
+    try:
+      bench_shape(k, n, ms, quick=args.quick, iters=iters, deadline=start + args.budget_s,
+                  interpret=not on_gpu, emit=emit)
+    except Exception as e:  # pylint: disable=broad-except
+      emit(dict(m=0, k=k, n=n, error=f"{type(e).__name__}: {e}"[:2000]))
+  meta.update(partial=False, elapsed_s=time.time() - start)
+  timing.write_json(path, dict(meta=meta, results=results))
+  try:
+    plot(results, meta, os.path.join(args.out, "w4a16.png"))
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"plot failed: {type(e).__name__}: {e}", file=sys.stderr)
+  print(table(results))
+  print(f"wrote {path} in {time.time() - start:.0f}s")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
