@@ -13,8 +13,9 @@ For M in {1, 16, 64, 256} and weights (K, N) in {(8192, 28672), (28672, 8192), (
 * CUPTI kernel time (median of ``--iters``; wall clock, flagged, when CUPTI is unavailable) of
   everything the call launches (the split-K reduction and act-order gather included).
 
-Work runs in order of importance and no new measurement starts after ``--budget-s``; the JSON
-(``DIR/w4a16.json``) is rewritten after each row. Outputs: the JSON, ``DIR/w4a16.png`` (speedup
+Work runs in two passes: first the peers and the heuristic config for every row (what the bars
+need), then the sweep; no new measurement starts after ``--budget-s`` and the JSON
+(``DIR/w4a16.json``) is rewritten after each row, so a killed run keeps what it measured. Outputs: the JSON, ``DIR/w4a16.png`` (speedup
 over xla-bf16 by M, one line per shape, the issue's bars dashed) and a table on stdout.
 
   python3 benchmarks/w4a16.py --out /tmp/w4a16             # the full grid, on the GPU
@@ -111,59 +112,72 @@ def _make_weights(k: int, n: int, copies: int):
   return qws, dense
 
 
-def bench_shape(k: int, n: int, ms: Sequence[int], *, quick: bool, iters: int, deadline: float,
-                interpret: bool, emit) -> None:
-  int4_bytes = k * n / 2
-  copies = 1 if quick else max(2, math.ceil(3 * L2_BYTES / int4_bytes))
-  qws, dense = _make_weights(k, n, copies)
-  ref_w = quant.dequantize(qws[0], dtype=jnp.float32)
-  xla_bf16 = _rotated(lambda x, w: x @ w, copies)
-  xla_int4 = _rotated(lambda x, qw: x @ quant.dequantize(qw, dtype=x.dtype), copies)
-  for m in ms:
-    row: dict[str, Any] = dict(m=m, k=k, n=n, group_size=GROUP, copies=copies,
-                               floor_ms=int4_bytes / (HBM_TBPS * 1e12) * 1e3)
-    if time.time() > deadline:
-      row["error"] = "time budget spent"
-      emit(row)
-      continue
-    x = jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.float32).astype(jnp.bfloat16)
-    ref = jnp.matmul(x.astype(jnp.float32), ref_w, precision=jax.lax.Precision.HIGHEST)
-    for name, fn, ws in (("xla_bf16", xla_bf16, dense), ("xla_int4", xla_int4, qws)):
-      try:
-        t = _time(fn, x, ws, iters)
-        row[name] = dict(ms=t.ms, method=t.method, note=t.note)
-      except Exception as e:  # pylint: disable=broad-except
-        row[name] = dict(error=f"{type(e).__name__}: {e}")
-    sweep = []
-    for cfg in sweep_configs(m, k, n, quick=quick):
-      if time.time() > deadline and sweep:
-        break
-      entry: dict[str, Any] = dict(config=dataclasses.asdict(cfg))
-      try:
-        one = jax.jit(lambda x, qw, cfg=cfg: w4_triton.int4_matmul(
-            x, qw, config=cfg, interpret=interpret))
-        entry["rel_err"] = _rel_err(one(x, qws[0]), ref)
-        if not entry["rel_err"] < TOL:
-          entry["error"] = f"wrong: rel_err {entry['rel_err']:.2e} >= {TOL}"
-        else:
-          t = _time(_rotated(lambda x, qw, cfg=cfg: w4_triton.int4_matmul(
-              x, qw, config=cfg, interpret=interpret), copies), x, qws, iters)
-          entry.update(ms=t.ms, method=t.method)
-      except Exception as e:  # pylint: disable=broad-except
-        entry["error"] = f"{type(e).__name__}: {e}"[:2000]
-        entry["traceback"] = traceback.format_exc(limit=4)[-2000:]
-      sweep.append(entry)
-    row["ours_triton_sweep"] = sweep
-    timed = [e for e in sweep if "ms" in e]
-    if timed:
-      best = min(timed, key=lambda e: e["ms"])
-      row["ours_triton"] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
-                                method=best["method"])
-      for peer in ("xla_bf16", "xla_int4"):
-        if "ms" in row.get(peer, {}):
-          row[f"speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
-      row["hbm_fraction"] = row["floor_ms"] / best["ms"]
-    emit(row)
+@dataclasses.dataclass
+class Problem:
+  """One (K, N) weight shape: rotated copies (int4 and bf16) and the float32 reference weight."""
+  k: int
+  n: int
+  copies: int
+  qws: list
+  dense: list
+  ref_w: jax.Array
+
+  @classmethod
+  def make(cls, k: int, n: int, *, quick: bool) -> "Problem":
+    copies = 1 if quick else max(2, math.ceil(3 * L2_BYTES / (k * n / 2)))
+    qws, dense = _make_weights(k, n, copies)
+    return cls(k, n, copies, qws, dense, quant.dequantize(qws[0], dtype=jnp.float32))
+
+
+def _x(m: int, k: int) -> jax.Array:
+  return jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.float32).astype(jnp.bfloat16)
+
+
+def measure_peers(p: Problem, m: int, *, iters: int) -> dict[str, Any]:
+  """Row of one (M, K, N): XLA bf16 and XLA int4 kernel times."""
+  row: dict[str, Any] = dict(m=m, k=p.k, n=p.n, group_size=GROUP, copies=p.copies,
+                             floor_ms=p.k * p.n / 2 / (HBM_TBPS * 1e12) * 1e3,
+                             ours_triton_sweep=[])
+  x = _x(m, p.k)
+  peers = (("xla_bf16", lambda x, w: x @ w, p.dense),
+           ("xla_int4", lambda x, qw: x @ quant.dequantize(qw, dtype=x.dtype), p.qws))
+  for name, fn, ws in peers:
+    try:
+      t = _time(_rotated(fn, p.copies), x, ws, iters)
+      row[name] = dict(ms=t.ms, method=t.method, note=t.note)
+    except Exception as e:  # pylint: disable=broad-except
+      row[name] = dict(error=f"{type(e).__name__}: {e}"[:2000])
+  return row
+
+
+def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
+                 interpret: bool) -> None:
+  """Checks ``cfg`` against the reference, times it, appends to the sweep and updates the best."""
+  m = row["m"]
+  x = _x(m, p.k)
+  entry: dict[str, Any] = dict(config=dataclasses.asdict(cfg))
+  fn = lambda x, qw: w4_triton.int4_matmul(x, qw, config=cfg, interpret=interpret)
+  try:
+    ref = jnp.matmul(x.astype(jnp.float32), p.ref_w, precision=jax.lax.Precision.HIGHEST)
+    entry["rel_err"] = _rel_err(jax.jit(fn)(x, p.qws[0]), ref)
+    if not entry["rel_err"] < TOL:
+      entry["error"] = f"wrong: rel_err {entry['rel_err']:.2e} >= {TOL}"
+    else:
+      t = _time(_rotated(fn, p.copies), x, p.qws, iters)
+      entry.update(ms=t.ms, method=t.method)
+  except Exception as e:  # pylint: disable=broad-except
+    entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+    entry["traceback"] = traceback.format_exc(limit=4)[-2000:]
+  row["ours_triton_sweep"].append(entry)
+  timed = [e for e in row["ours_triton_sweep"] if "ms" in e]
+  if timed:
+    best = min(timed, key=lambda e: e["ms"])
+    row["ours_triton"] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
+                              method=best["method"])
+    for peer in ("xla_bf16", "xla_int4"):
+      if "ms" in row.get(peer, {}):
+        row[f"speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
+    row["hbm_fraction"] = row["floor_ms"] / best["ms"]
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -196,14 +210,13 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
   shapes = sorted({(r["k"], r["n"]) for r in results})
   for (k, n), color in zip(shapes, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
     rows = [r for r in results if (r["k"], r["n"]) == (k, n)]
-    for key, style, label in (("speedup_vs_xla_bf16", "-o", "ours-triton"),):
-      pts = [(r["m"], r["xla_bf16"]["ms"] / r["xla_int4"]["ms"]) for r in rows
-             if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("xla_int4", {})]
-      if pts:
-        ax.plot(*zip(*pts), ":x", color=color, alpha=0.6, label=f"xla-int4 {k}x{n}")
-      pts = [(r["m"], r[key]) for r in rows if key in r]
-      if pts:
-        ax.plot(*zip(*pts), style, color=color, label=f"{label} {k}x{n}")
+    pts = [(r["m"], r["speedup_vs_xla_bf16"]) for r in rows if "speedup_vs_xla_bf16" in r]
+    if pts:
+      ax.plot(*zip(*pts), "-o", color=color, label=f"ours-triton K={k} N={n}")
+    pts = [(r["m"], r["xla_bf16"]["ms"] / r["xla_int4"]["ms"]) for r in rows
+           if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("xla_int4", {})]
+    if pts:
+      ax.plot(*zip(*pts), ":x", color=color, alpha=0.6, label=f"xla-int4 K={k} N={n}")
   bars = sorted(BARS.items())
   ax.step([m for m, _ in bars], [b for _, b in bars], "--", where="mid", color="gray",
           label="issue bar")
@@ -256,12 +269,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
   iters = 3 if args.quick else args.iters
+  interpret = not on_gpu
+  deadline = start + args.budget_s
+  # Pass 1 (what the bars need): peers and the heuristic config for every row.
+  problems, rows = {}, []
   for k, n in shapes:
     try:
-      bench_shape(k, n, ms, quick=args.quick, iters=iters, deadline=start + args.budget_s,
-                  interpret=not on_gpu, emit=emit)
+      problems[k, n] = p = Problem.make(k, n, quick=args.quick)
     except Exception as e:  # pylint: disable=broad-except
-      emit(dict(m=0, k=k, n=n, error=f"{type(e).__name__}: {e}"[:2000]))
+      results.append(dict(m=0, k=k, n=n, error=f"{type(e).__name__}: {e}"[:2000]))
+      continue
+    for m in ms:
+      row = measure_peers(p, m, iters=iters)
+      configs = sweep_configs(m, k, n, quick=args.quick)
+      if time.time() < deadline:
+        measure_ours(p, row, configs[0], iters=iters, interpret=interpret)
+      else:
+        row["error"] = "time budget spent"
+      rows.append((p, row, configs[1:]))
+      emit(row)
+  # Pass 2: the sweep around the heuristic, while the budget lasts.
+  for p, row, configs in rows:
+    for cfg in configs:
+      if time.time() > deadline:
+        row.setdefault("note", "sweep cut short by the time budget")
+        break
+      measure_ours(p, row, cfg, iters=iters, interpret=interpret)
+    timing.write_json(path, dict(meta=meta, results=results))
+    print("sweep " + table([row]).splitlines()[-1], flush=True)
   meta.update(partial=False, elapsed_s=time.time() - start)
   timing.write_json(path, dict(meta=meta, results=results))
   try:
