@@ -227,8 +227,9 @@ def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight, *,
   Example:
     >>> y = int4_matmul(x, qw, config=Config(block_n=64, split_k=2), interpret=True)
   """
-  check_supported(x, qw)
   k, n = qw.shape
+  formats.check_k(k, qw.group_size, qw.bits)          # ValueError: K % group, K % 8
+  check_supported(x, qw)
   lead = x.shape[:-1]
   x2 = x.reshape(-1, k)
   m = x2.shape[0]
