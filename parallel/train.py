@@ -137,6 +137,19 @@ class TrainStep:
     step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
     return TrainState(step, params, opt_state)
 
+  def abstract_state(self, model: nnx.Module) -> TrainState:
+    """``TrainState`` of ``jax.ShapeDtypeStruct`` with this step's shardings (no allocation):
+    the target for ``parallel.checkpoint.restore``."""
+    params = nnx.state(model, nnx.Param)
+    shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
+                        jax.eval_shape(self.optimizer.init, params))
+    leaves, treedef = jax.tree.flatten(shapes)
+    shardings = jax.tree.leaves(self.state_shardings)   # one per array (a Variable holds one)
+    if len(shardings) != len(leaves):
+      raise ValueError("model does not match this train step's state")
+    return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                                        for x, s in zip(leaves, shardings)])
+
   def to_model(self, state: TrainState) -> nnx.Module:
     """An NNX model holding ``state.params`` (sharded arrays, no copy)."""
     return nnx.merge(self.graphdef, state.params, self._rest)

@@ -43,4 +43,4 @@ def assert_trees_equal(actual, expected, *, what=""):
   for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
     a, e = np.asarray(a), np.asarray(e)
     assert a.dtype == e.dtype and a.shape == e.shape, f"{what} leaf {i}"
-    assert np.array_equal(a.view(np.uint8), e.view(np.uint8)), f"{what} leaf {i} not bitwise equal"
+    assert a.tobytes() == e.tobytes(), f"{what} leaf {i} not bitwise equal"
