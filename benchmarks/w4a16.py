@@ -224,7 +224,9 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
   ax.set_xscale("log", base=2)
   ax.set_xlabel("M (rows of x)")
   ax.set_ylabel("speedup over XLA bf16-weight matmul")
-  ax.set_title(f"W4A16 g{GROUP} asym, {meta.get('device_kind', '?')}, CUPTI kernel time")
+  methods = {r.get("ours_triton", {}).get("method") for r in results} - {None}
+  how = "CUPTI kernel time" if methods == {"cupti"} else f"time: {'/'.join(sorted(methods))}"
+  ax.set_title(f"W4A16 g{GROUP} asym, {meta.get('device_kind', '?')}, {how}")
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
   fig.tight_layout()
@@ -288,15 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["error"] = "time budget spent"
       rows.append((p, row, configs[1:]))
       emit(row)
-  # Pass 2: the sweep around the heuristic, while the budget lasts.
-  for p, row, configs in rows:
-    for cfg in configs:
+  # Pass 2: the sweep around the heuristic, round-robin over the rows while the budget lasts.
+  for i in range(max((len(c) for _, _, c in rows), default=0)):
+    for p, row, configs in rows:
+      if i >= len(configs):
+        continue
       if time.time() > deadline:
-        row.setdefault("note", "sweep cut short by the time budget")
-        break
-      measure_ours(p, row, cfg, iters=iters, interpret=interpret)
-    timing.write_json(path, dict(meta=meta, results=results))
-    print("sweep " + table([row]).splitlines()[-1], flush=True)
+        row["note"] = "sweep cut short by the time budget"
+        continue
+      measure_ours(p, row, configs[i], iters=iters, interpret=interpret)
+      timing.write_json(path, dict(meta=meta, results=results))
+  print("after the sweep:")
   meta.update(partial=False, elapsed_s=time.time() - start)
   timing.write_json(path, dict(meta=meta, results=results))
   try:
