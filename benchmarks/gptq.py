@@ -31,6 +31,9 @@ import time
 import traceback
 from typing import Any
 
+# JAX would preallocate 75% of the GPU; leave room for the PyTorch peer in the same process.
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _path in (os.path.dirname(_HERE), _HERE):
   if _path not in sys.path:
@@ -343,12 +346,11 @@ def _table(payload) -> None:
       if f"{g}.ours_s" not in e:
         continue
       peer = e.get(f"{g}.peer_s")
-      print(f"{name} | {group} | {e[f'{g}.ours_s']:.4f} | "
-            f"{'-' if peer is None else f'{peer:.3f}'} | "
-            f"{'-' if peer is None else f'{e[f'{g}.speedup']:.1f}x'} | "
-            f"{e[f'{g}.ours_error']:.4g} / {e.get(f'{g}.peer_error', float('nan')):.4g} / "
-            f"{e[f'{g}.rtn_error']:.4g}")
-
+      peer_s = "-" if peer is None else f"{peer:.3f}"
+      speedup = "-" if peer is None else f"{e[g + '.speedup']:.1f}x"
+      errors = (f"{e[g + '.ours_error']:.4g} / {e.get(g + '.peer_error', float('nan')):.4g} / "
+                f"{e[g + '.rtn_error']:.4g}")
+      print(f"{name} | {group} | {e[g + '.ours_s']:.4f} | {peer_s} | {speedup} | {errors}")
 
 if __name__ == "__main__":
   main()
