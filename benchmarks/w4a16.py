@@ -76,6 +76,10 @@ def sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[Config]:
              Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
              Config(block_m=128, block_n=128, block_k=256, num_warps=8, num_stages=2),
              Config(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)]
+  # The "strided" unpack (eight nibble dots, no in-kernel reshape) next to every heuristic tile.
+  cands = [rep(base, unpack="strided")] + cands
+  if m <= 16:
+    cands.insert(2, rep(base, unpack="strided", split_k=base.split_k * 2))
   out = [base]
   for c in cands[: 1 if quick else None]:
     try:
@@ -192,7 +196,8 @@ def table(results: list[dict[str, Any]]) -> str:
     if "ours_triton" in r:
       c = r["ours_triton"]["config"]
       note = (f"m{c['block_m']} n{c['block_n']} k{c['block_k']} s{c['split_k']} "
-              f"w{c['num_warps']} st{c['num_stages']} err {r['ours_triton']['rel_err']:.1e}")
+              f"w{c['num_warps']} st{c['num_stages']} {c['unpack'][:6]} "
+              f"err {r['ours_triton']['rel_err']:.1e}")
     else:
       errs = [e.get("error", "") for e in r.get("ours_triton_sweep", [])]
       note = r.get("error") or (errs[0][:80] if errs else "")

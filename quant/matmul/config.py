@@ -22,6 +22,7 @@ import dataclasses
 _BLOCKS = (16, 32, 64, 128, 256, 512)
 NUM_SMS = 132          # H200
 MIN_DOT = 16           # Triton's smallest dot extent
+UNPACK_MODES = ("interleave", "strided")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,9 @@ class Config:
     split_k: number of programs sharing one output tile along K; their float32 partial sums
       ``[split_k, M, N]`` are added by XLA afterwards (deterministic, no atomics).
     num_warps, num_stages: Triton launch (warps per program, software-pipeline depth).
+    unpack: how nibbles meet the dot. "interleave": one dot per group over the rows in natural
+      order (nibbles stacked and reshaped); "strided": eight dots per group, nibble ``i`` against
+      x's columns ``i, i+8, ...`` (no reshape; needs >= 128 rows per dot).
   """
   block_m: int = 16
   block_n: int = 128
@@ -42,6 +46,7 @@ class Config:
   split_k: int = 1
   num_warps: int = 4
   num_stages: int = 4
+  unpack: str = "interleave"
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k"):
@@ -55,6 +60,8 @@ class Config:
       raise ValueError(f"Config.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
     if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
       raise ValueError(f"Config.num_stages must be in [1, 8], got {self.num_stages!r}")
+    if self.unpack not in UNPACK_MODES:
+      raise ValueError(f"Config.unpack must be one of {UNPACK_MODES}, got {self.unpack!r}")
 
 
 def pow2_at_least(n: int, floor: int = MIN_DOT) -> int:
@@ -71,6 +78,10 @@ def _cdiv(a: int, b: int) -> int:
 def check_shape(cfg: Config, *, k: int, group_size: int) -> None:
   """Raises NotImplementedError when ``cfg`` cannot tile K for this group size."""
   per_channel = group_size >= k
+  rows_per_dot = min(cfg.block_k, k // cfg.split_k if per_channel else group_size)
+  if cfg.unpack == "strided" and rows_per_dot < 8 * MIN_DOT:
+    raise NotImplementedError(f"unpack='strided' needs >= {8 * MIN_DOT} rows per dot (block_k and "
+                              f"group), got {rows_per_dot}")
   if k % cfg.split_k:
     raise NotImplementedError(f"split_k={cfg.split_k} does not divide K={k}")
   ks = k // cfg.split_k
@@ -115,7 +126,8 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
 
   Small M (decode) is bound by streaming the int4 weight: 16-row tiles, deep pipelines, and
   ``split_k`` doubled until there are about two programs per SM (while each split keeps >= 1024
-  rows of K). Larger M uses wider M tiles so each weight tile is read by fewer programs.
+  rows of K). Larger M uses wider M tiles so each weight tile is read by fewer programs, and
+  splits K only when there are fewer tiles than SMs.
   """
   if m <= 16:
     cfg = Config(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=4)
@@ -127,8 +139,9 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
     cfg = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
   cfg = fit_config(cfg, m=m, k=k, n=n, group_size=group_size)
   programs = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+  target = 2 * num_sms if m <= 64 else num_sms      # large M: just fill every SM once
   split = 1
-  while m <= 64 and programs * split < 2 * num_sms and k // (2 * split) >= 1024:
+  while programs * split < target and k // (2 * split) >= 1024:
     trial = dataclasses.replace(cfg, split_k=2 * split)
     try:
       check_shape(trial, k=k, group_size=group_size)

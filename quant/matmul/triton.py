@@ -16,6 +16,12 @@ and zero are applied once per group on the ``[block_m, block_n]`` accumulator. N
 to 16 bits except the final output (the reference ``x @ dequantize(qw)`` in float32 is matched to
 float32 accumulation error).
 
+Unpacking (``Config.unpack``): "interleave" stacks the eight nibbles of each word as a
+``[d/8, 8, bn]`` tensor and reshapes it to ``[d, bn]`` (rows in natural order, one dot per group
+of ``d`` rows); "strided" does eight dots per group, nibble ``i`` of the ``d/8`` words against x's
+columns ``i, i+8, ...``, which the wrapper has stored contiguously (a cheap transpose of x), so no
+reshape is needed in the kernel (``d >= 128``).
+
 Tiling: program ``(i, j, s)`` owns rows ``[i*bm, (i+1)*bm)`` of x, columns ``[j*bn, (j+1)*bn)`` and
 the ``s``-th of ``split_k`` contiguous slices of K. With ``split_k > 1`` it writes a float32
 partial sum ``[split_k, M, N]`` that XLA adds up afterwards (deterministic; no atomics). M, N
@@ -63,6 +69,7 @@ class Statics:
   split: bool            # write float32 partials [split_k, M, N]
   magic_bits: int
   magic: float
+  strided: bool          # eight nibble dots against strided x columns instead of one reshape
 
   @property
   def mask_m(self) -> bool:
@@ -118,25 +125,41 @@ def w4a16_kernel(x_ref, w_ref, s_ref, z_ref, b_ref, o_ref, *, st: Statics):
   k_start = pl.program_id(2) * st.ks          # global row of this split's first row
   dtype = x_ref.dtype
 
+  def x_mask(k_idx):
+    """Mask of an x tile whose columns are local rows ``k_idx`` [c] of K (None: all valid)."""
+    k_ok = k_idx < st.ks if st.mask_k else None
+    if row_ok is None and k_ok is None:
+      return None
+    mask = _and(None if row_ok is None else row_ok[:, None],
+                None if k_ok is None else k_ok[None, :])
+    return jnp.broadcast_to(mask, (bm, k_idx.shape[0]))
+
   def dot_rows(r, d):
     """Raw dot of rows [r, r + d) (local, r % d == 0) and the row sums of x over them."""
-    k_ok = None
     w_ok = None
     if st.mask_k:
-      k_ok = (r + lax.broadcasted_iota(jnp.int32, (d,), 0)) < st.ks
       w_ok = ((r // 8 + lax.broadcasted_iota(jnp.int32, (d // 8,), 0)) < st.ks // 8)[:, None]
-    x_mask = None
-    if row_ok is not None or k_ok is not None:
-      x_mask = _and(None if row_ok is None else row_ok[:, None],
-                    None if k_ok is None else k_ok[None, :])
-      x_mask = jnp.broadcast_to(x_mask, (bm, d))
     w_mask = _and(w_ok, None if col_ok is None else col_ok[None, :])
     if w_mask is not None:
       w_mask = jnp.broadcast_to(w_mask, (d // 8, bn))
-    xt = _load(x_ref.at[:, pl.ds(r, d)], x_mask)
     words = _load(w_ref.at[pl.ds(r // 8, d // 8), :], w_mask)
-    vals = unpack_magic(words, dtype=dtype, magic_bits=st.magic_bits)
-    return plgpu.dot(xt, vals), jnp.sum(xt.astype(jnp.float32), axis=1)
+    if not st.strided:
+      k_idx = r + lax.broadcasted_iota(jnp.int32, (d,), 0)
+      xt = _load(x_ref.at[:, pl.ds(r, d)], x_mask(k_idx))
+      vals = unpack_magic(words, dtype=dtype, magic_bits=st.magic_bits)
+      return plgpu.dot(xt, vals), jnp.sum(xt.astype(jnp.float32), axis=1)
+    # Nibble i of the d/8 words holds rows r + i + 8j, j < d/8. The wrapper stored those x
+    # columns contiguously at r + i*d/8 + j (and zero-padded any K tail), so no K mask is needed.
+    raw = jnp.zeros((bm, bn), jnp.float32)
+    xsum = jnp.zeros((bm,), jnp.float32)
+    rows_mask = None if row_ok is None else jnp.broadcast_to(row_ok[:, None], (bm, d // 8))
+    for i in range(8):
+      xt = _load(x_ref.at[:, pl.ds(r + i * (d // 8), d // 8)], rows_mask)
+      codes = lax.shift_right_logical(words, jnp.int32(4 * i)) & 0xF
+      vals = lax.bitcast_convert_type((codes | st.magic_bits).astype(jnp.int16), dtype)
+      raw = raw + plgpu.dot(xt, vals)
+      xsum = xsum + jnp.sum(xt.astype(jnp.float32), axis=1)
+    return raw, xsum
 
   def apply_scale(acc, raw, xsum, r):
     gi = (k_start + r) // st.group_size
@@ -191,6 +214,18 @@ def w4a16_kernel(x_ref, w_ref, s_ref, z_ref, b_ref, o_ref, *, st: Statics):
     o_ref[...] = out
   else:
     plgpu.store(o_ref, out, mask=out_mask)
+
+
+def strided_columns(x: jax.Array, *, rows_per_dot: int) -> jax.Array:
+  """x's columns in the order of the "strided" unpack: in each span of ``d = rows_per_dot``
+  columns, column ``i*d/8 + j`` holds row ``8j + i`` (the row of nibble ``i`` of word ``j``).
+  K is zero-padded to a multiple of ``d`` (zero activations make padded codes harmless)."""
+  m, k = x.shape
+  d = rows_per_dot
+  kp = -(-k // d) * d
+  if kp != k:
+    x = jnp.pad(x, ((0, 0), (0, kp - k)))
+  return x.reshape(m, kp // d, d // 8, 8).swapaxes(2, 3).reshape(m, kp)
 
 
 def check_supported(x, qw: formats.QuantizedWeight) -> None:
@@ -253,13 +288,16 @@ def _call(x, qweight, scales, zeros, bias, *, cfg: Config, bits: int, group_size
   st = Statics(m=m, n=n, ks=ks, group_size=group_size, seg=min(group_size, ks),
                block_m=cfg.block_m, block_n=cfg.block_n, block_k=cfg.block_k, bits=bits,
                sym=zeros is None, has_bias=bias is not None and cfg.split_k == 1,
-               split=cfg.split_k > 1, magic_bits=bits_pattern, magic=magic)
+               split=cfg.split_k > 1, magic_bits=bits_pattern, magic=magic,
+               strided=cfg.unpack == "strided")
   bm, bn = cfg.block_m, cfg.block_n
+  if st.strided:
+    x = strided_columns(x, rows_per_dot=min(cfg.block_k, st.seg))
   grid = (pl.cdiv(m, bm), pl.cdiv(n, bn), cfg.split_k)
   g = scales.shape[0]
   col = lambda i, j, s: (0, j)
   in_specs = [
-      pl.BlockSpec((bm, ks), lambda i, j, s: (i, s)),
+      pl.BlockSpec((bm, x.shape[1] // cfg.split_k), lambda i, j, s: (i, s)),
       pl.BlockSpec((ks // 8, bn), lambda i, j, s: (s, j)),
       pl.BlockSpec((g, bn), col),
       None if zeros is None else pl.BlockSpec((g, bn), col),

@@ -95,6 +95,8 @@ CASES = [
     (256, 256, 256, -1, True, False, F16, True, Config(block_m=128, block_k=64)),   # 4 steps/scale
     (4, 2048, 16, 128, False, False, BF16, True, None),             # heuristic split_k = 2
     (1, 512, 257, -1, False, False, F16, True, Config(block_k=128, split_k=2)),     # per-channel split
+    (3, 264, 129, -1, False, False, BF16, True, Config(unpack="strided")),          # K tail padded
+    (17, 512, 200, 128, True, True, F16, False, Config(unpack="strided", block_k=256, split_k=2)),
 ]
 
 
@@ -143,7 +145,8 @@ def test_unpack_magic_is_exact():
 
 @pytest.mark.parametrize("field,value", [("block_m", 8), ("block_m", 512), ("block_n", 96),
                                          ("block_k", 48), ("split_k", 0), ("split_k", 1.5),
-                                         ("num_warps", 3), ("num_stages", 0)])
+                                         ("num_warps", 3), ("num_stages", 0),
+                                         ("unpack", "nibbles")])
 def test_config_rejects_bad_values(field, value):
   with pytest.raises(ValueError, match=field):
     Config(**{field: value})
@@ -185,6 +188,7 @@ def test_fit_config_shrinks_block_k_to_the_groups():
 @pytest.mark.parametrize("cfg,k,group_size,match", [
     (Config(split_k=3), 1024, 128, "split_k=3"),
     (Config(split_k=4), 512, 256, "whole groups"),
+    (Config(unpack="strided"), 512, 64, "strided"),
 ])
 def test_fit_config_not_implemented(cfg, k, group_size, match):
   with pytest.raises(NotImplementedError, match=match):
@@ -274,7 +278,10 @@ def _abstract_weight(k, n, *, group_size, sym, act_order):
     (64, 4096, 1024, 32, True, False, BF16, False, Config(block_m=64, block_k=128)),
     (256, 8192, 8192, 128, False, False, BF16, True, None),
     (256, 1024, 512, 128, False, False, BF16, False, Config(block_m=128, block_k=64, split_k=2)),
-], ids=["decode", "decode_act_order_f16", "masked", "g32_4_per_step", "m256", "nested_split"])
+    (1, 8192, 8192, 128, False, False, BF16, False, Config(unpack="strided", split_k=4)),
+    (16, 1032, 200, -1, True, True, BF16, True, Config(unpack="strided")),
+], ids=["decode", "decode_act_order_f16", "masked", "g32_4_per_step", "m256", "nested_split",
+        "strided", "strided_masked"])
 def test_lowers_to_triton_for_h200(m, k, n, group_size, sym, act_order, dtype, bias, config):
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
