@@ -76,10 +76,12 @@ def sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[Config]:
              Config(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
              Config(block_m=128, block_n=128, block_k=256, num_warps=8, num_stages=2),
              Config(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)]
-  # The "strided" unpack (eight nibble dots, no in-kernel reshape) next to every heuristic tile.
-  cands = [rep(base, unpack="strided")] + cands
+  # The other unpack mode ("strided": eight nibble dots, no in-kernel reshape) next to the
+  # heuristic tile.
+  other = "strided" if base.unpack == "interleave" else "interleave"
+  cands = [rep(base, unpack=other)] + cands
   if m <= 16:
-    cands.insert(2, rep(base, unpack="strided", split_k=base.split_k * 2))
+    cands.insert(2, rep(base, unpack=other, split_k=base.split_k * 2))
   out = [base]
   for c in cands[: 1 if quick else None]:
     try:

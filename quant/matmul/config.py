@@ -23,6 +23,7 @@ _BLOCKS = (16, 32, 64, 128, 256, 512)
 NUM_SMS = 132          # H200
 MIN_DOT = 16           # Triton's smallest dot extent
 UNPACK_MODES = ("interleave", "strided")
+DEFAULT_UNPACK = "interleave"   # what default_config picks (see Config.unpack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,4 +149,11 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
     except NotImplementedError:
       break
     split *= 2
-  return dataclasses.replace(cfg, split_k=split)
+  cfg = dataclasses.replace(cfg, split_k=split)
+  if DEFAULT_UNPACK != cfg.unpack:
+    try:
+      check_shape(dataclasses.replace(cfg, unpack=DEFAULT_UNPACK), k=k, group_size=group_size)
+      cfg = dataclasses.replace(cfg, unpack=DEFAULT_UNPACK)
+    except NotImplementedError:
+      pass            # too few rows per dot for "strided": keep "interleave"
+  return cfg

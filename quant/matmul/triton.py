@@ -153,12 +153,15 @@ def w4a16_kernel(x_ref, w_ref, s_ref, z_ref, b_ref, o_ref, *, st: Statics):
     raw = jnp.zeros((bm, bn), jnp.float32)
     xsum = jnp.zeros((bm,), jnp.float32)
     rows_mask = None if row_ok is None else jnp.broadcast_to(row_ok[:, None], (bm, d // 8))
-    for i in range(8):
-      xt = _load(x_ref.at[:, pl.ds(r + i * (d // 8), d // 8)], rows_mask)
-      codes = lax.shift_right_logical(words, jnp.int32(4 * i)) & 0xF
-      vals = lax.bitcast_convert_type((codes | st.magic_bits).astype(jnp.int16), dtype)
-      raw = raw + plgpu.dot(xt, vals)
-      xsum = xsum + jnp.sum(xt.astype(jnp.float32), axis=1)
+    pair_magic = st.magic_bits | (st.magic_bits << 16)
+    for i in range(4):
+      # Two codes per 32-bit op: nibbles i and i + 4 land in the low and high 16-bit halves.
+      pair = (lax.shift_right_logical(words, jnp.int32(4 * i)) & 0x000F000F) | pair_magic
+      halves = (pair.astype(jnp.int16), lax.shift_right_logical(pair, 16).astype(jnp.int16))
+      for nibble, half in ((i, halves[0]), (i + 4, halves[1])):
+        xt = _load(x_ref.at[:, pl.ds(r + nibble * (d // 8), d // 8)], rows_mask)
+        raw = raw + plgpu.dot(xt, lax.bitcast_convert_type(half, dtype))
+        xsum = xsum + jnp.sum(xt.astype(jnp.float32), axis=1)
     return raw, xsum
 
   def apply_scale(acc, raw, xsum, r):
