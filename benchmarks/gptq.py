@@ -9,7 +9,9 @@ channel scales and a shared low-rank component, so the Hessian is realistic rath
   sums); peer: ``add_batch`` of the reference (running average of ``2/n x x^T`` in float32).
 * The quantize step after the Hessian, 4-bit asymmetric, group 128 and group -1, block 128,
   damp 0.01: ours = the public ``quant.gptq`` (jit-compiled, compile excluded, block_until_ready,
-  median of ``--iters``); peer = ``fasterquant`` re-implemented below in PyTorch (median of
+  median of ``--iters``), once with each block running as one Pallas Triton kernel
+  (``implementation="triton"``, what ``quant.gptq`` picks on a GPU) and once as pure XLA lax
+  loops (``"xla"``); ``ours_s`` / ``speedup`` refer to the first that works; peer = ``fasterquant`` re-implemented below in PyTorch (median of
   ``--peer-iters`` after one untimed warm-up; the first call is reported too).
 * Agreement: both quantize the same weight with the same Hessian; we record the fraction of
   identical dequantized weights and both proxy output errors ``tr(D^T H D)``.
@@ -24,6 +26,7 @@ kernels; its latency, not a kernel's time, is what a user waits for). One call w
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -200,8 +203,17 @@ def _to_torch(torch, x, device):
     return torch.from_numpy(np.asarray(x)).to(device)
 
 
+def entry_of(record) -> dict[str, Any]:
+  return record(None, None)
+
+
+def _run_ours(w, h, group, impl):
+  return jax.block_until_ready(quant.gptq(w, h, bits=BITS, group_size=group, block_size=128,
+                                          damp=0.01, implementation=impl))
+
+
 def run_layer(out_f: int, in_f: int, *, tokens: int, batch: int, iters: int, peer_iters: int,
-              torch, device, record) -> None:
+              torch, device, record, impls=("triton", "xla")) -> None:
   """Measures one layer; ``record(key, value)`` stores results as they come."""
   key = jax.random.key(out_f * 7 + in_f)
   x32 = _activations(key, tokens, in_f, jnp.float32)
@@ -246,24 +258,31 @@ def run_layer(out_f: int, in_f: int, *, tokens: int, batch: int, iters: int, pee
 
   for group in GROUPS:
     g = f"g{group}"
-    try:
-      run = lambda: jax.block_until_ready(quant.gptq(w, h, bits=BITS, group_size=group,
-                                                     block_size=128, damp=0.01))
-      t0 = time.perf_counter()
-      res = run()
-      record(f"{g}.ours_compile_and_first_s", time.perf_counter() - t0)
-      t_ours, all_ours = _wall(run, iters)
-      record(f"{g}.ours_s", t_ours)
-      record(f"{g}.ours_all_s", all_ours)
-      w_ours = quant.dequantize(res.qweight)
-      err_ours = float(quantize_error(w, w_ours, h))
-      record(f"{g}.ours_error", err_ours)
-      record(f"{g}.ours_damp", float(res.damp))
-      w_rtn = quant.dequantize(quant.rtn(w, bits=BITS, group_size=group))
-      record(f"{g}.rtn_error", float(quantize_error(w, w_rtn, h)))
-    except Exception as e:  # pylint: disable=broad-except
-      record(f"{g}.ours_error_msg", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
+    res = t_ours = None
+    for impl in impls:      # the Pallas block kernel and the pure-XLA loop, both jit-compiled
+      try:
+        run = functools.partial(_run_ours, w, h, group, impl)
+        t0 = time.perf_counter()
+        r = run()
+        record(f"{g}.ours_{impl}_compile_and_first_s", time.perf_counter() - t0)
+        t_impl, all_impl = _wall(run, iters)
+        record(f"{g}.ours_{impl}_s", t_impl)
+        record(f"{g}.ours_{impl}_all_s", all_impl)
+        if t_ours is None:                 # the first that works is what quant.gptq picks
+          res, t_ours = r, t_impl
+          record(f"{g}.ours_s", t_impl)
+          record(f"{g}.ours_impl", impl)
+      except Exception as e:  # pylint: disable=broad-except
+        record(f"{g}.ours_{impl}_error_msg",
+               f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
+    if res is None:
       continue
+    w_ours = quant.dequantize(res.qweight)
+    err_ours = float(quantize_error(w, w_ours, h))
+    record(f"{g}.ours_error", err_ours)
+    record(f"{g}.ours_damp", float(res.damp))
+    w_rtn = quant.dequantize(quant.rtn(w, bits=BITS, group_size=group))
+    record(f"{g}.rtn_error", float(quantize_error(w, w_rtn, h)))
     if peer is None:
       continue
     try:
@@ -276,6 +295,9 @@ def run_layer(out_f: int, in_f: int, *, tokens: int, batch: int, iters: int, pee
       record(f"{g}.peer_s", t_peer)
       record(f"{g}.peer_all_s", all_peer)
       record(f"{g}.speedup", t_peer / t_ours)
+      for impl in impls:
+        if f"{g}.ours_{impl}_s" in entry_of(record):
+          record(f"{g}.speedup_{impl}", t_peer / entry_of(record)[f"{g}.ours_{impl}_s"])
       w_peer = jnp.asarray(q_peer.t().contiguous().cpu().numpy())
       record(f"{g}.peer_error", float(quantize_error(w, w_peer, h)))
       record(f"{g}.frac_equal_weights",
@@ -291,7 +313,9 @@ def main(argv=None) -> dict[str, Any]:
   ap.add_argument("--iters", type=int, default=None, help="timed runs of ours (median)")
   ap.add_argument("--peer-iters", type=int, default=None, help="timed runs of the peer (median)")
   ap.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
-  ap.add_argument("--budget-s", type=float, default=270.0, help="stop starting layers after this")
+  ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting layers after this")
+  ap.add_argument("--impls", default="triton,xla",
+                  help="our implementations to time (quant.gptq(implementation=...))")
   args = ap.parse_args(argv)
 
   layers = SMALL_LAYERS if args.small else LAYERS
@@ -321,6 +345,8 @@ def main(argv=None) -> dict[str, Any]:
     payload["layers"][name] = entry
 
     def record(key, value, entry=entry):
+      if key is None:
+        return entry
       entry[key] = value
       timing.write_json(path, payload)
       if not key.endswith("_all_s"):
@@ -329,7 +355,7 @@ def main(argv=None) -> dict[str, Any]:
 
     try:
       run_layer(out_f, in_f, tokens=tokens, batch=batch, iters=iters, peer_iters=peer_iters,
-                torch=torch, device=device, record=record)
+                torch=torch, device=device, record=record, impls=tuple(args.impls.split(",")))
     except Exception as e:  # pylint: disable=broad-except
       record("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
   payload["total_s"] = time.perf_counter() - start

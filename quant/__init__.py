@@ -9,13 +9,13 @@ Example:
 """
 from quant.formats import (QuantizedWeight, dequantize, from_awq, from_gptq, pack, to_awq,
                            to_gptq, unpack)
-from quant import calibration
+from quant import calibration, hf
 from quant.awq import AWQResult, awq
 from quant.gptq import GPTQResult, gptq
 from quant.matmul import int4_matmul
 from quant.nnx import LayerReport, QuantLinear, quantize_model
 from quant.rtn import rtn
 
-__all__ = ["AWQResult", "GPTQResult", "LayerReport", "QuantLinear", "awq", "calibration",
-           "quantize_model", "QuantizedWeight", "dequantize", "from_awq", "from_gptq", "gptq",
-                      "int4_matmul", "pack", "rtn", "to_awq", "to_gptq", "unpack"]
+__all__ = ["AWQResult", "GPTQResult", "LayerReport", "QuantLinear", "QuantizedWeight", "awq",
+           "calibration", "dequantize", "hf", "from_awq", "from_gptq", "gptq", "int4_matmul", "pack",
+           "quantize_model", "rtn", "to_awq", "to_gptq", "unpack"]

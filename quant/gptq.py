@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import NamedTuple
 
@@ -45,8 +46,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from quant import formats
+from quant import formats, gptq_kernel
 from quant.rtn import _check_weight, quant_params, quantize_codes
+
+log = logging.getLogger(__name__)
 
 _SUB = 16                 # features per unrolled sub-block
 _MAX_DAMP_RETRIES = 12    # damp * 10**12 at most; beyond that U = I (plain rounding)
@@ -69,7 +72,8 @@ class GPTQResult(NamedTuple):
 
 def gptq(w: Float[Array, "K N"], hessian: Float[Array, "K K"], *, bits: int = 4,
          group_size: int | None = 128, sym: bool = False, act_order: bool = False,
-         static_groups: bool = False, block_size: int = 128, damp: float = 0.01) -> GPTQResult:
+         static_groups: bool = False, block_size: int = 128, damp: float = 0.01,
+         implementation: str | None = None) -> GPTQResult:
   """Quantizes ``w[K_in, N_out]`` with GPTQ given the Hessian ``H = 2/n sum x x^T [K, K]``.
 
   Args:
@@ -82,6 +86,10 @@ def gptq(w: Float[Array, "K N"], hessian: Float[Array, "K K"], *, bits: int = 4,
     static_groups: choose group parameters on the original weights before any update.
     block_size: lazy-batch block length.
     damp: relative dampening lambda (fraction of the mean Hessian diagonal).
+    implementation: how a block's column loop runs: "xla" (unrolled lax loops), "triton" (one
+      Pallas kernel per block, ``gptq_kernel.py``; interpret mode without a GPU) or None: the
+      kernel on a GPU where it applies (dynamic groups starting on block boundaries, float32),
+      falling back to "xla" if it fails to compile.
 
   Returns:
     ``GPTQResult(qweight, losses, damp)``.
@@ -106,11 +114,28 @@ def gptq(w: Float[Array, "K N"], hessian: Float[Array, "K K"], *, bits: int = 4,
   for name, x in (("w", w), ("hessian", hessian)):
     if not isinstance(x, jax.core.Tracer) and not bool(jnp.isfinite(x).all()):
       raise ValueError(f"{name} contains NaN or inf (bad calibration data?)")
+  if implementation not in (None, "xla", "triton"):
+    raise ValueError(f"implementation must be 'xla', 'triton' or None, got {implementation!r}")
   bs, sub = _block_sizes(k, gs, block_size)
-  codes, scales, zeros, perm, losses, used = _gptq(
-      w, hessian, bits=bits, group_size=gs, sym=bool(sym), act_order=bool(act_order),
+  kernel_ok = (not static_groups and gs >= bs and gptq_kernel.supported(bs, n)
+               and jnp.promote_types(w.dtype, hessian.dtype) != jnp.float64)
+  if implementation == "triton" and not kernel_ok:
+    raise NotImplementedError("the triton GPTQ kernel needs dynamic groups that start on block "
+                              "boundaries, a power-of-two block of 16..128 and float32")
+  on_gpu = jax.default_backend() == "gpu"
+  use_kernel = implementation == "triton" or (implementation is None and on_gpu and kernel_ok)
+  call = functools.partial(
+      _gptq, w, hessian, bits=bits, group_size=gs, sym=bool(sym), act_order=bool(act_order),
       static_groups=bool(static_groups), block_size=bs, sub=sub, damp=float(damp),
-      unroll=_unroll())
+      unroll=_unroll(), interpret=not on_gpu)
+  try:
+    out = call(kernel=use_kernel)
+  except Exception as e:  # pylint: disable=broad-except
+    if implementation is not None or not use_kernel:
+      raise
+    log.warning("GPTQ triton kernel failed (%s: %s); using the XLA loop", type(e).__name__, e)
+    out = call(kernel=False)
+  codes, scales, zeros, perm, losses, used = out
   keep_perm = bool(act_order) and not static_groups and gs < k
   qw = formats.QuantizedWeight.from_codes(codes, scales, None if sym else zeros, bits=bits,
                                           group_size=gs, perm=perm if keep_perm else None)
@@ -168,8 +193,10 @@ def _damped_cholesky(h, damp):
 
 
 @functools.partial(jax.jit, static_argnames=("bits", "group_size", "sym", "act_order",
-                                             "static_groups", "block_size", "sub", "damp", "unroll"))
-def _gptq(w, h, *, bits, group_size, sym, act_order, static_groups, block_size, sub, damp, unroll):
+                                             "static_groups", "block_size", "sub", "damp", "unroll",
+                                             "kernel", "interpret"))
+def _gptq(w, h, *, bits, group_size, sym, act_order, static_groups, block_size, sub, damp, unroll,
+          kernel, interpret):
   dt = jnp.promote_types(jnp.promote_types(w.dtype, h.dtype), jnp.float32)
   k, n = w.shape
   gs, bs = group_size, block_size
@@ -255,9 +282,14 @@ def _gptq(w, h, *, bits, group_size, sym, act_order, static_groups, block_size, 
       w1 = w1 - jnp.einsum("sb,sn->bn", us_rows, e, precision=_HI)
       return w1, e1, codes, losses, scales, zeros, cur
 
-    e1 = jnp.zeros((bs, n), dt)
-    w1, e1, codes, losses, scales, zeros, cur = jax.lax.fori_loop(
-        0, bs // sub, sub_loop, (w1, e1, codes, losses, scales, zeros, cur))
+    if kernel:           # the whole block in one Pallas kernel
+      q, e1 = gptq_kernel.gptq_block(w1, u1, cur[0], cur[1], bits=bits, interpret=interpret)
+      codes = jax.lax.dynamic_update_slice(codes, q.astype(jnp.int32), (i1, 0))
+      losses = jax.lax.dynamic_update_slice(losses, 0.5 * jnp.sum(e1 * e1, axis=1), (i1,))
+    else:
+      e1 = jnp.zeros((bs, n), dt)
+      w1, e1, codes, losses, scales, zeros, cur = jax.lax.fori_loop(
+          0, bs // sub, sub_loop, (w1, e1, codes, losses, scales, zeros, cur))
     # Lazy batch update of everything after the block (Algorithm 1): W -= U[B, :]^T E_B.
     w = w - jnp.einsum("bk,bn->kn", u_rows, e1, precision=_HI)
     return w, codes, losses, scales, zeros, cur

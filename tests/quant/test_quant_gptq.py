@@ -145,3 +145,16 @@ def test_nan_calibration_raises():
   h[2, 2] = np.nan
   with pytest.raises(ValueError, match="hessian contains NaN"):
     quant.gptq(jnp.asarray(w, jnp.float32), jnp.asarray(h, jnp.float32), group_size=16)
+
+
+@pytest.mark.parametrize("gs,act,bs", [(64, False, 64), (None, True, 128)])
+def test_triton_block_kernel_matches_xla_loop(gs, act, bs):
+  # The Pallas kernel (interpret mode here) computes the same codes as the lax-loop version.
+  w, h, _ = _problem(13, k=128, n=40, dead=(1,))     # N = 40: not a multiple of the column tile
+  w, h = jnp.asarray(w, jnp.float32), jnp.asarray(h, jnp.float32)
+  a = quant.gptq(w, h, group_size=gs, act_order=act, block_size=bs, implementation="xla")
+  b = quant.gptq(w, h, group_size=gs, act_order=act, block_size=bs, implementation="triton")
+  np.testing.assert_array_equal(np.asarray(a.qweight.codes), np.asarray(b.qweight.codes))
+  np.testing.assert_allclose(np.asarray(b.losses), np.asarray(a.losses), rtol=1e-3, atol=1e-6)
+  with pytest.raises(NotImplementedError, match="triton GPTQ kernel"):
+    quant.gptq(w, h, group_size=32, block_size=64, implementation="triton")
