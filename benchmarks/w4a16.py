@@ -7,9 +7,12 @@ For M in {1, 16, 64, 256} and weights (K, N) in {(8192, 28672), (28672, 8192), (
   ``C``) so that the int4 working set exceeds 3x the H200's 60 MB L2 (the bf16 set is 4x that);
 * (a) ``xla-bf16``: ``x @ w`` with the dequantized weight stored in bf16;
   (b) ``xla-int4``: ``x @ quant.dequantize(qw)`` under jit (XLA fuses the unpack, no kernel);
-  (c) ``ours-triton``: ``quant.matmul.triton.int4_matmul`` for the heuristic config and a small
-  sweep around it; the best is kept. Every config is first checked against the float32 reference
-  ``x @ dequantize(qw)`` (mean|y - ref| / mean|ref| above ``TOL`` marks it wrong, never timed);
+  (c) ``ours-triton``: ``quant.matmul.triton.int4_matmul`` on weights prepared once by
+  ``quant.matmul.layout.prepare`` (uint8 zero points), for the heuristic config and a small sweep
+  around it; the best is kept. Also ``ours_triton_api``: the public ``quant.int4_matmul(x, qw,
+  implementation="triton")`` on the plain QuantizedWeight (int32 zeros), heuristic config.
+  Every variant is first checked against the float32 reference ``x @ dequantize(qw)``
+  (mean|y - ref| / mean|ref| above ``TOL`` marks it wrong, never timed);
 * CUPTI kernel time (median of ``--iters``; wall clock, flagged, when CUPTI is unavailable) of
   everything the call launches (the split-K reduction and act-order gather included).
 
@@ -45,6 +48,7 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 
 import quant  # pylint: disable=wrong-import-position
 import timing  # pylint: disable=wrong-import-position
+from quant.matmul import layout  # pylint: disable=wrong-import-position
 from quant.matmul import triton as w4_triton  # pylint: disable=wrong-import-position
 from quant.matmul.config import Config, default_config  # pylint: disable=wrong-import-position
 
@@ -125,6 +129,7 @@ class Problem:
   n: int
   copies: int
   qws: list
+  pws: list            # the same weights after layout.prepare (uint8 zero points)
   dense: list
   ref_w: jax.Array
 
@@ -132,7 +137,8 @@ class Problem:
   def make(cls, k: int, n: int, *, quick: bool) -> "Problem":
     copies = 1 if quick else max(2, math.ceil(3 * L2_BYTES / (k * n / 2)))
     qws, dense = _make_weights(k, n, copies)
-    return cls(k, n, copies, qws, dense, quant.dequantize(qws[0], dtype=jnp.float32))
+    return cls(k, n, copies, qws, [layout.prepare(q) for q in qws], dense,
+               quant.dequantize(qws[0], dtype=jnp.float32))
 
 
 def _x(m: int, k: int) -> jax.Array:
@@ -156,24 +162,36 @@ def measure_peers(p: Problem, m: int, *, iters: int) -> dict[str, Any]:
   return row
 
 
-def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
-                 interpret: bool) -> None:
-  """Checks ``cfg`` against the reference, times it, appends to the sweep and updates the best."""
-  m = row["m"]
+def _check_and_time(p: Problem, m: int, fn, weights: list, *, iters: int) -> dict[str, Any]:
+  """rel_err of ``fn(x, weights[0])`` against the float32 reference, then its kernel time."""
   x = _x(m, p.k)
-  entry: dict[str, Any] = dict(config=dataclasses.asdict(cfg))
-  fn = lambda x, qw: w4_triton.int4_matmul(x, qw, config=cfg, interpret=interpret)
+  entry: dict[str, Any] = {}
   try:
     ref = jnp.matmul(x.astype(jnp.float32), p.ref_w, precision=jax.lax.Precision.HIGHEST)
-    entry["rel_err"] = _rel_err(jax.jit(fn)(x, p.qws[0]), ref)
+    entry["rel_err"] = _rel_err(jax.jit(fn)(x, weights[0]), ref)
     if not entry["rel_err"] < TOL:
       entry["error"] = f"wrong: rel_err {entry['rel_err']:.2e} >= {TOL}"
     else:
-      t = _time(_rotated(fn, p.copies), x, p.qws, iters)
+      t = _time(_rotated(fn, p.copies), x, weights, iters)
       entry.update(ms=t.ms, method=t.method)
   except Exception as e:  # pylint: disable=broad-except
     entry["error"] = f"{type(e).__name__}: {e}"[:2000]
     entry["traceback"] = traceback.format_exc(limit=4)[-2000:]
+  return entry
+
+
+def measure_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool) -> None:
+  """The public path: ``quant.int4_matmul(x, qw, implementation="triton")`` (int32 zeros)."""
+  fn = lambda x, qw: quant.int4_matmul(x, qw, implementation="triton", interpret=interpret)
+  row["ours_triton_api"] = _check_and_time(p, row["m"], fn, p.qws, iters=iters)
+
+
+def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
+                 interpret: bool) -> None:
+  """Checks ``cfg`` (prepared weights) against the reference, times it, keeps the best."""
+  fn = lambda x, pw: w4_triton.int4_matmul(x, pw, config=cfg, interpret=interpret)
+  entry = dict(config=dataclasses.asdict(cfg), **_check_and_time(p, row["m"], fn, p.pws,
+                                                                  iters=iters))
   row["ours_triton_sweep"].append(entry)
   timed = [e for e in row["ours_triton_sweep"] if "ms" in e]
   if timed:
@@ -187,8 +205,8 @@ def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
 
 
 def table(results: list[dict[str, Any]]) -> str:
-  lines = [f"{'M x K x N':>20} {'bf16 ms':>8} {'int4xla':>8} {'ours ms':>8} {'vs bf16':>8} "
-           f"{'vs int4':>8} {'%HBM':>5}  best config / error"]
+  lines = [f"{'M x K x N':>20} {'bf16 ms':>8} {'int4xla':>8} {'ours ms':>8} {'api ms':>8} "
+           f"{'vs bf16':>8} {'vs int4':>8} {'%HBM':>5}  best config / error"]
   for r in results:
     def ms(name):
       v = r.get(name, {}).get("ms")
@@ -204,7 +222,8 @@ def table(results: list[dict[str, Any]]) -> str:
       errs = [e.get("error", "") for e in r.get("ours_triton_sweep", [])]
       note = r.get("error") or (errs[0][:80] if errs else "")
     lines.append(f"{r['m']:>5} x {r['k']:>5} x {r['n']:>5} {ms('xla_bf16')} {ms('xla_int4')} "
-                 f"{ms('ours_triton')} {sp('speedup_vs_xla_bf16')} {sp('speedup_vs_xla_int4')} "
+                 f"{ms('ours_triton')} {ms('ours_triton_api')} {sp('speedup_vs_xla_bf16')} "
+                 f"{sp('speedup_vs_xla_int4')} "
                  f"{hbm}  {note}")
   return "\n".join(lines)
 
@@ -220,6 +239,10 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
     pts = [(r["m"], r["speedup_vs_xla_bf16"]) for r in rows if "speedup_vs_xla_bf16" in r]
     if pts:
       ax.plot(*zip(*pts), "-o", color=color, label=f"ours-triton K={k} N={n}")
+    pts = [(r["m"], r["xla_bf16"]["ms"] / r["ours_triton_api"]["ms"]) for r in rows
+           if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("ours_triton_api", {})]
+    if pts:
+      ax.plot(*zip(*pts), "--", color=color, lw=0.9, label=f"ours via quant.int4_matmul K={k} N={n}")
     pts = [(r["m"], r["xla_bf16"]["ms"] / r["xla_int4"]["ms"]) for r in rows
            if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("xla_int4", {})]
     if pts:
@@ -297,7 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["error"] = "time budget spent"
       rows.append((p, row, configs[1:]))
       emit(row)
-  # Pass 2: the sweep around the heuristic, round-robin over the rows while the budget lasts.
+  # Pass 2: the public path (QuantizedWeight, int32 zeros, heuristic config) for every row, then
+  # the sweep around the heuristic, round-robin over the rows while the budget lasts.
+  for p, row, _ in rows:
+    if time.time() < deadline:
+      measure_api(p, row, iters=iters, interpret=interpret)
   for i in range(max((len(c) for _, _, c in rows), default=0)):
     for p, row, configs in rows:
       if i >= len(configs):

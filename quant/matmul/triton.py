@@ -46,6 +46,7 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float
 
 from quant import formats
+from quant.matmul import layout
 from quant.matmul.config import Config, default_config, fit_config
 
 # 16-bit pattern B with B + q exact for q < 16, by activation dtype.
@@ -114,8 +115,8 @@ def _and(a, b):
 def w4a16_kernel(x_ref, w_ref, s_ref, z_ref, b_ref, o_ref, *, st: Statics):
   """One program: output tile ``[bm, bn]`` from one K slice (refs are this program's blocks).
 
-  x_ref [bm, ks] (activation dtype), w_ref int32 [ks/8, bn], s_ref [G, bn], z_ref int32 [G, bn]
-  or None, b_ref [bn] or None, o_ref [bm, bn] (x dtype, or float32 partials when split).
+  x_ref [bm, ks] (activation dtype), w_ref int32 [ks/8, bn], s_ref [G, bn], z_ref [G, bn] (int32
+  or uint8) or None, b_ref [bn] or None, o_ref [bm, bn] (x dtype, or float32 partials when split).
   """
   bm, bn, bk = st.block_m, st.block_n, st.block_k
   rows = pl.program_id(0) * bm + lax.broadcasted_iota(jnp.int32, (bm,), 0)
@@ -243,6 +244,15 @@ def check_supported(x, qw: formats.QuantizedWeight) -> None:
                               f"group), got {qw.group_size}")
 
 
+def _check_direct_call(x, pw: layout.PackedWeight, bias) -> None:
+  layout.check_packed(pw)
+  k, n = pw.shape
+  if not hasattr(x, "ndim") or x.ndim < 1 or x.shape[-1] != k:
+    raise ValueError(f"x must be [..., K={k}], got shape {getattr(x, 'shape', type(x))}")
+  if bias is not None and getattr(bias, "shape", None) != (n,):
+    raise ValueError(f"bias must have shape {(n,)}, got {getattr(bias, 'shape', type(bias))}")
+
+
 def resolve_config(config, *, m: int, k: int, n: int, group_size: int) -> Config:
   """The Config for a call: the heuristic for None, else ``config`` fitted to the shape."""
   if config is None:
@@ -253,18 +263,22 @@ def resolve_config(config, *, m: int, k: int, n: int, group_size: int) -> Config
   return fit_config(config, m=m, k=k, n=n, group_size=group_size)
 
 
-def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight, *,
+def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight | layout.PackedWeight, *,
                 bias: Float[Array, "N"] | None = None, config: Config | None = None,
                 interpret: bool = False) -> Float[Array, "... N"]:
   """Triton backend of ``quant.int4_matmul``: ``x @ dequantize(qw) (+ bias)`` in x's dtype.
 
-  Arguments are assumed checked by ``quant.matmul.api.check_inputs``. Raises
-  NotImplementedError for float32 x, bits > 4, groups that are not a multiple of 16 rows, or a
-  ``config`` that cannot tile the shape.
+  ``qw`` is a ``QuantizedWeight`` (arguments then assumed checked by
+  ``quant.matmul.api.check_inputs``) or a ``layout.PackedWeight`` from ``layout.prepare`` (uint8
+  zero points, less traffic; checked here). Raises NotImplementedError for float32 x, bits > 4,
+  groups that are not a multiple of 16 rows, or a ``config`` that cannot tile the shape.
 
   Example:
     >>> y = int4_matmul(x, qw, config=Config(block_n=64, split_k=2), interpret=True)
+    >>> y = int4_matmul(x, layout.prepare(qw), config=None, interpret=False)
   """
+  if isinstance(qw, layout.PackedWeight):
+    _check_direct_call(x, qw, bias)
   k, n = qw.shape
   formats.check_k(k, qw.group_size, qw.bits)          # ValueError: K % group, K % 8
   check_supported(x, qw)

@@ -18,6 +18,7 @@ import pytest
 from jax._src import mesh as mesh_lib
 
 import quant
+from quant.matmul import layout
 from quant.matmul import triton as w4_triton
 from quant.matmul.config import Config, check_shape, default_config, fit_config
 
@@ -121,6 +122,39 @@ def test_rtn_weights_batch_dims_jit_and_determinism():
   assert y.shape == (2, 3, 192)
   _check(y.reshape(6, 192), x.reshape(6, 256), qw)
   assert bool((f(x, qw) == y).all())          # the split-K reduction is deterministic
+
+
+@pytest.mark.parametrize("sym,act_order,config", [
+    (False, True, Config(block_n=64, split_k=2)),
+    (True, False, Config(unpack="strided")),
+])
+def test_prepared_weight_matches(sym, act_order, config):
+  qw = _weight(256, 96, group_size=128, sym=sym, act_order=act_order, seed=3)
+  pw = layout.prepare(qw)
+  assert pw.zeros is None if sym else pw.zeros.dtype == jnp.uint8
+  x = _x(5, 256, BF16, seed=4)
+  b = _x(1, 96, BF16, seed=5)[0]
+  y = w4_triton.int4_matmul(x, pw, bias=b, config=config, interpret=True)
+  _check(y, x, qw, b)
+  assert bool((y == w4_triton.int4_matmul(x, qw, bias=b, config=config, interpret=True)).all())
+
+
+@pytest.mark.parametrize("change,x_shape,exc,match", [
+    (dict(zeros="int32"), (2, 256), TypeError, "uint8"),
+    (dict(qweight="uint32"), (2, 256), TypeError, "int32"),
+    (dict(scales="short"), (2, 256), ValueError, "scales"),
+    ({}, (2, 128), ValueError, "K=256"),
+], ids=["zeros_dtype", "qweight_dtype", "scales_shape", "x_features"])
+def test_prepared_weight_bad_inputs(change, x_shape, exc, match):
+  pw = layout.prepare(_weight(256, 64, group_size=64, sym=False, act_order=False))
+  if change.get("zeros"):
+    pw = dataclasses.replace(pw, zeros=pw.zeros.astype(jnp.int32))
+  if change.get("qweight"):
+    pw = dataclasses.replace(pw, qweight=pw.qweight.astype(jnp.uint32))
+  if change.get("scales"):
+    pw = dataclasses.replace(pw, scales=pw.scales[:-1])
+  with pytest.raises(exc, match=match):
+    w4_triton.int4_matmul(jnp.ones(x_shape, BF16), pw, interpret=True)
 
 
 def test_three_bit_codes_use_the_same_path():
@@ -291,6 +325,24 @@ def test_lowers_to_triton_for_h200(m, k, n, group_size, sym, act_order, dtype, b
   f = lambda x, qw, b: w4_triton.int4_matmul(x, qw, bias=b, config=config, interpret=False)
   with _h200():
     text = jax.jit(f).trace(x, qw, b).lower(lowering_platforms=("cuda",)).as_text()
+  assert "w4a16_matmul" in text
+
+
+@pytest.mark.parametrize("unpack", ["interleave", "strided"])
+def test_prepared_weight_lowers_for_h200(unpack):
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  k, n = 8192, 1024
+  pw = layout.PackedWeight(
+      qweight=jax.ShapeDtypeStruct((k // 8, n), jnp.int32),
+      scales=jax.ShapeDtypeStruct((k // 128, n), BF16),
+      zeros=jax.ShapeDtypeStruct((k // 128, n), jnp.uint8), perm=None, bits=4, group_size=128,
+      sym=False, shape=(k, n))
+  x = jax.ShapeDtypeStruct((16, k), BF16)
+  cfg = Config(unpack=unpack, split_k=4)
+  f = lambda x, pw: w4_triton.int4_matmul(x, pw, config=cfg, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(x, pw).lower(lowering_platforms=("cuda",)).as_text()
   assert "w4a16_matmul" in text
 
 
