@@ -2,7 +2,8 @@
 
 * 8 simulated CPU devices for shard_map tests (must be set before jax is imported; the Makefile
   exports the same flag).
-* ``BACKENDS``: every ``implementation`` the shared tests run against. Adding a backend is one line.
+* ``backend`` fixture over ``harness.BACKENDS`` (adding a backend is one line there); it skips a
+  backend whose module does not import yet.
 * ``@pytest.mark.gpu`` tests (full grids, compiled kernels) are skipped unless JAX runs on a GPU.
 """
 from __future__ import annotations
@@ -18,10 +19,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# "xla" (the jnp reference) checks the harness against itself and stays cheap; "triton" is the
-# FlashAttention-2 kernel. Add "mosaic" here once pallas_attn/mosaic exists.
-BACKENDS = ("xla", "triton")
-PALLAS_BACKENDS = tuple(b for b in BACKENDS if b != "xla")
+from harness import BACKENDS, PALLAS_BACKENDS  # noqa: E402  (BACKENDS: add "mosaic" there)
 
 
 def on_gpu() -> bool:
@@ -40,6 +38,7 @@ def require_backend(name: str) -> str:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
+  """The implementation under test; ``harness.per_backend`` orders it inside each case."""
   return require_backend(request.param)
 
 

@@ -55,7 +55,7 @@ def sample_cases(seed: int, count: int, ts_pool, head_dims, dtypes) -> list[Case
 
 # Interpret-mode sample: every small point of the grid once, plus random extra draws.
 _SMALL_TS = tuple(ts for ts in H.TS_GRID + H.TS_ALIGNED if max(ts) <= 256) + ((3, 799), (799, 3))
-SAMPLE = sample_cases(20261202, 14, _SMALL_TS, head_dims=(32, 64, 72, 96, 128),
+SAMPLE = sample_cases(20261202, 11, _SMALL_TS, head_dims=(32, 64, 72, 96, 128),
                       dtypes=("bfloat16", "bfloat16", "float32", "float16"))
 
 
@@ -82,63 +82,50 @@ def _full_grid() -> list[Case]:
 
 FULL_GRID = _full_grid()
 
-# Targeted cases: each feature alone, small enough for interpret mode.
+# Targeted cases: each feature at least once, small enough for interpret mode.
 FEATURE_CASES = [
-    Case(t=77, s=130, n=6, kh=6),                                   # MHA
-    Case(t=77, s=130, n=6, kh=2),                                   # GQA
-    Case(t=77, s=130, n=6, kh=1, dtype="float32"),                  # MQA
-    Case(t=130, s=77, causal=True),                                 # causal, T > S
-    Case(t=64, s=200, causal=True, h=96, dtype="float32"),          # causal, T < S
+    Case(t=77, s=130, n=6, kh=6, scale=0.4, dtype="float16"),       # MHA, explicit scale
+    Case(t=77, s=130, n=6, kh=2, b=3),                              # GQA, batch 3
+    Case(t=64, s=200, n=6, kh=1, causal=True, h=96, dtype="float32"),   # MQA, causal T < S
     Case(t=100, s=100, window=(16, 8), h=72),
-    Case(t=90, s=150, window=(None, 0), dtype="float16"),           # window == causal
-    Case(t=150, s=90, window=(32, None), h=32),
-    Case(t=100, s=100, window=(0, 0), causal=True),                 # diagonal only
+    Case(t=150, s=90, window=(32, None), h=32, causal=True),        # window + causal, T > S
     Case(t=96, s=160, softcap=30.0, causal=True),
-    Case(t=96, s=160, softcap=2.0, dtype="float32"),
-    Case(t=120, s=180, segments=3, h=128),
-    Case(t=120, s=180, segments=4, causal=True, dtype="float32"),
-    Case(t=70, s=190, kv_lengths=(190, 61)),
+    Case(t=120, s=180, segments=4, causal=True, h=128, dtype="float32"),
     Case(t=70, s=190, kv_lengths=(1, 130), causal=True, n=6, kh=1),
-    Case(t=64, s=64, scale=0.4, dtype="float16"),
     Case(t=100, s=140, causal=True, window=(40, 10), softcap=15.0, segments=2,
-         kv_lengths=(140, 101), n=6, kh=2),                          # every mask at once
-    Case(t=100, s=140, causal=True, return_lse=False),
-    Case(t=64, s=96, b=3, h=64),                                    # batch 3
+         kv_lengths=(140, 101), return_lse=False),                  # every mask at once, no lse
 ]
 
 # Rows that see no key at all: out 0, lse -inf, dq 0, finite grads.
 EMPTY_ROW_CASES = [
     Case(t=96, s=40, causal=True),                                  # rows i < 56 see nothing
-    Case(t=64, s=100, kv_lengths=(0, 37)),                          # batch row 0 fully padded
+    Case(t=64, s=100, kv_lengths=(0, 37), return_lse=False),        # batch row 0 fully padded
     Case(t=130, s=50, window=(8, 4), dtype="float32"),              # window misses every key
     Case(t=80, s=120, segments=3, orphan_segment=True, n=6, kh=1),  # query ids with no key
-    Case(t=96, s=40, causal=True, kv_lengths=(40, 0), window=(4, 0), return_lse=False),
 ]
 
 # Every dimension one off a block size (16/32/64/128): tails of q, k and head dim.
 TAIL_CASES = [
     Case(t=63, s=65, h=72),
-    Case(t=65, s=63, h=96, causal=True),
-    Case(t=127, s=129, h=32, n=6, kh=1),
-    Case(t=129, s=127, h=64, kv_lengths=(127, 63), dtype="float32"),
-    Case(t=17, s=31, h=40, causal=True),
-    Case(t=33, s=15, h=80, window=(9, 1)),
+    Case(t=129, s=127, h=40, kv_lengths=(127, 63), dtype="float32"),
+    Case(t=17, s=31, h=80, causal=True, n=6, kh=1),
+    Case(t=33, s=15, h=96, window=(9, 1)),
 ]
 
-# Extreme logits (bf16: ref_lo in float16 overflows there, and in float32 ref_lo == ref_hi on CPU
-# leaves no room for the rounding of 1e5-sized logits).
+# Extreme logits, in bf16: in float16 ref_lo overflows there, and in float32 ref_lo == ref_hi
+# on CPU leaves no room for the rounding of 1e5-sized logits.
 EXTREME_CASES = [
     Case(t=64, s=128, inputs="negative"),
-    Case(t=100, s=140, inputs="negative", causal=True, kv_lengths=(140, 50), n=6, kh=1),
-    Case(t=100, s=140, inputs="negative", segments=2, window=(30, 30)),
+    Case(t=100, s=140, inputs="negative", causal=True, kv_lengths=(140, 50), segments=2, n=6,
+         kh=1),
     Case(t=64, s=128, inputs="heavy"),
-    Case(t=100, s=140, inputs="heavy", causal=True, kv_lengths=(90, 140)),
-    Case(t=96, s=96, inputs="heavy", softcap=50.0),
+    Case(t=100, s=140, inputs="heavy", causal=True, kv_lengths=(90, 140), softcap=50.0),
 ]
 
 _XLA_ROUNDS_LOGITS = (
     "finding: the xla backend (reference.attention in the input dtype) rounds q.k to bfloat16 "
-    "before the softmax, so logits near -1e5 lose every digit (ulp 512) and out/grads break CAP")
+    "before the softmax, so logits near -1e5 (ulp 512) or 1e4 (ulp 64) lose their digits and "
+    "out/grads break CAP")
 
 
 def _id(c: Case) -> str:
@@ -147,22 +134,28 @@ def _id(c: Case) -> str:
 
 # ----------------------------------------------------------------------------- tests
 
+@H.per_pallas_backend
 @pytest.mark.parametrize("case", SAMPLE, ids=_id)
 def test_grid_sample(backend, case):
+  """Sampled grid on the Pallas backends (the xla backend is the reference: see test_features)."""
   H.check_case(case, backend)
 
 
 @pytest.mark.gpu
+@H.per_pallas_backend
 @pytest.mark.parametrize("case", FULL_GRID, ids=_id)
 def test_full_grid(backend, case):
+  """The whole grid, compiled (the xla backend is the reference itself: not repeated here)."""
   H.check_case(case, backend)
 
 
+@H.per_backend
 @pytest.mark.parametrize("case", FEATURE_CASES, ids=_id)
 def test_features(backend, case):
   H.check_case(case, backend)
 
 
+@H.per_backend
 @pytest.mark.parametrize("case", EMPTY_ROW_CASES, ids=_id)
 def test_fully_masked_rows(backend, case):
   res = H.check_case(case, backend)
@@ -180,17 +173,25 @@ def test_fully_masked_rows(backend, case):
     assert np.isfinite(np.asarray(res[name], np.float32)).all(), f"{name} has non-finite values"
 
 
+@H.per_backend
 @pytest.mark.parametrize("case", TAIL_CASES, ids=_id)
 def test_off_by_one_tails(backend, case):
   res = H.check_case(case, backend)
-  for name in ("out", "lse", "dq", "dk", "dv"):
+  for name in ("out", "dq", "dk", "dv"):
     assert np.isfinite(np.asarray(res[name], np.float32)).all(), f"{name} has non-finite values"
+  x, _, _ = H.case_data(case)
+  seen = H.visible(case, x).any(-1)                               # [B, T]
+  lse = np.asarray(res["lse"]).transpose(0, 2, 1)
+  assert np.isfinite(lse[seen]).all(), "lse of a row that sees a key must be finite"
+  assert np.isneginf(lse[~seen]).all(), "lse of a row that sees no key must be -inf"
 
 
+@H.per_backend
 @pytest.mark.parametrize("case", EXTREME_CASES, ids=_id)
 def test_extreme_logits(backend, case, request):
-  if backend == "xla" and case.inputs == "negative":
-    request.applymarker(pytest.mark.xfail(reason=_XLA_ROUNDS_LOGITS, strict=True))
+  if backend == "xla":      # always fails for "negative"; for "heavy" it depends on the draw
+    request.applymarker(pytest.mark.xfail(reason=_XLA_ROUNDS_LOGITS,
+                                          strict=case.inputs == "negative"))
   res = H.check_case(case, backend)
   x, _, _ = H.case_data(case)
   logits = H._logits64(np.asarray(x.q, np.float32), np.asarray(x.k, np.float32), case)
@@ -205,11 +206,12 @@ def test_extreme_logits(backend, case, request):
 
 NAN_CASES = [
     Case(t=70, s=190, kv_lengths=(190, 61)),
-    Case(t=100, s=140, kv_lengths=(77, 1), causal=True, n=6, kh=1, dtype="float32"),
-    Case(t=129, s=127, kv_lengths=(64, 100), window=(20, 20), h=72),
+    Case(t=100, s=140, kv_lengths=(77, 1), causal=True, n=6, kh=1, window=(20, 20), h=72,
+         dtype="float32"),
 ]
 
 
+@H.per_backend
 @pytest.mark.parametrize("case", NAN_CASES, ids=_id)
 def test_nan_padding(backend, case):
   """K/V past kv_lengths set to NaN change nothing valid (bitwise); padded dk/dv are 0."""
