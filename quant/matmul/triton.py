@@ -70,7 +70,7 @@ class Statics:
   split: bool            # write float32 partials [split_k, M, N]
   magic_bits: int
   magic: float
-  strided: bool          # eight nibble dots against strided x columns instead of one reshape
+  strided: bool          # eight nibble dots (x columns pre-ordered) instead of one reshape
 
   @property
   def mask_m(self) -> bool:
@@ -290,9 +290,44 @@ def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight | layout.P
   cfg = resolve_config(config, m=m, k=k, n=n, group_size=qw.group_size)
   if qw.perm is not None:
     x2 = jnp.take(x2, qw.perm, axis=1)        # stored row i is input feature perm[i]
-  y = _call(x2, qw.qweight, qw.scales, qw.zeros, bias, cfg=cfg, bits=qw.bits,
-            group_size=qw.group_size, interpret=bool(interpret))
+  y = _fused(x2, qw.qweight, qw.scales, qw.zeros, bias, _Static(cfg, qw.bits, qw.group_size,
+                                                                  bool(interpret)))
   return y.reshape(*lead, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  cfg: Config
+  bits: int
+  group_size: int
+  interpret: bool
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _fused(x, qweight, scales, zeros, bias, static: _Static):
+  return _call(x, qweight, scales, zeros, bias, cfg=static.cfg, bits=static.bits,
+               group_size=static.group_size, interpret=static.interpret)
+
+
+def _fused_fwd(x, qweight, scales, zeros, bias, static: _Static):
+  return _fused(x, qweight, scales, zeros, bias, static), (qweight, scales, zeros, bias)
+
+
+def _fused_bwd(static: _Static, res, dy):
+  """dx = dy @ W^T with W dequantized by XLA (the weight itself gets no gradient)."""
+  qweight, scales, zeros, bias = res
+  k, n = qweight.shape[0] * 8, qweight.shape[1]
+  g = static.group_size
+  codes = formats.unpack(qweight, bits=static.bits).astype(jnp.float32).reshape(k // g, g, n)
+  z = (jnp.float32(2 ** (static.bits - 1)) if zeros is None
+       else zeros.astype(jnp.float32)[:, None, :])
+  w = ((codes - z) * scales.astype(jnp.float32)[:, None, :]).reshape(k, n)
+  dx = jnp.matmul(dy.astype(jnp.float32), w.T).astype(dy.dtype)
+  dbias = None if bias is None else jnp.sum(dy.astype(jnp.float32), axis=0).astype(bias.dtype)
+  return dx, None, None, None, dbias
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "bits", "group_size", "interpret"))

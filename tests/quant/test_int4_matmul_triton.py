@@ -157,6 +157,24 @@ def test_prepared_weight_bad_inputs(change, x_shape, exc, match):
     w4_triton.int4_matmul(jnp.ones(x_shape, BF16), pw, interpret=True)
 
 
+def test_gradient_wrt_x_and_bias():
+  qw = _weight(128, 64, group_size=64, sym=False, act_order=True, seed=9)
+  x = _x(3, 128, jnp.float16, seed=10)
+  b = _x(1, 64, jnp.float16, seed=11)[0]
+  ct = _x(3, 64, jnp.float32, seed=12)
+
+  def loss(x, b, impl):
+    y = quant.int4_matmul(x, qw, bias=b, implementation=impl, interpret=True)
+    return jnp.sum(y.astype(jnp.float32) * ct)
+
+  dx, db = jax.grad(loss, argnums=(0, 1))(x, b, "triton")
+  dx_ref, db_ref = jax.grad(loss, argnums=(0, 1))(x, b, "xla")
+  np.testing.assert_allclose(np.asarray(dx, np.float32), np.asarray(dx_ref, np.float32),
+                             rtol=2e-3, atol=2e-3)
+  np.testing.assert_allclose(np.asarray(db, np.float32), np.asarray(db_ref, np.float32),
+                             rtol=2e-3, atol=2e-3)
+
+
 def test_three_bit_codes_use_the_same_path():
   w = jnp.asarray(np.random.default_rng(2).standard_normal((128, 64)).astype(np.float32))
   qw = quant.rtn(w, bits=3, group_size=32)
