@@ -1,8 +1,11 @@
 """flash_attention against the reference under the ratio rule, on every backend of ``BACKENDS``.
 
 On CPU the Pallas backends run in interpret mode, a slow simulator: the (T, S) grid is sampled
-with a fixed seed (``SAMPLE``) and kept small; ``FULL_GRID`` runs compiled on a GPU
-(``pytest -m gpu tests/pallas_attn``).
+with a fixed seed (``SAMPLE``) and kept small; ``FULL_GRID`` runs compiled on a GPU:
+
+  XLA_PYTHON_CLIENT_PREALLOCATE=false python -m pytest -n 8 -m gpu tests/pallas_attn
+
+(all other tests of this folder also run compiled there: ``-m "not gpu"``).
 """
 from __future__ import annotations
 
