@@ -112,3 +112,25 @@ def test_bad_inputs(t, kv_t, kw, match):
   args.update(kw)
   with pytest.raises(ValueError, match=match):
     ring_attention(q, k, v, **args)
+
+
+def test_gpt_with_ring_attention_trains_like_one_device():
+  # Context parallel inside make_train_step: the model's attention_fn is the ring over "tensor".
+  import optax
+  from flax import nnx
+  from examples.gpt import GPT, dense_attention, next_token_nll
+  from parallel import rules as R
+  from parallel_helpers import assert_trees_close, make_tokens, tiny_config
+
+  mesh = parallel.make_mesh(data=2, tensor=4)
+  ring = functools.partial(ring_attention, mesh=mesh, axis="tensor", batch_axes="data",
+                           implementation="xla")
+  tokens = make_tokens()
+  out = {}
+  for name, attn, m in (("ring", ring, mesh),
+                        ("dense", dense_attention, parallel.make_mesh(devices=jax.devices()[:1]))):
+    model = GPT(tiny_config(), rngs=nnx.Rngs(0), attention_fn=attn)
+    step = parallel.make_train_step(model, optax.sgd(0.1), next_token_nll, mesh=m, rules=R.DP,
+                                    compiler_options=FAST_COMPILE)
+    out[name] = step.loss_and_grad(step.init(model), tokens)
+  assert_trees_close(out["ring"], out["dense"], what="loss and grads", scale_atol=True)
