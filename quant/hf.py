@@ -50,10 +50,15 @@ def _config(layers: Mapping[str, formats.QuantizedWeight], fmt: str) -> dict[str
     if (qw.bits, qw.sym) != (first.bits, first.sym):
       raise ValueError(f"layer {name!r} has bits/sym {(qw.bits, qw.sym)}, "
                        f"expected {(first.bits, first.sym)} like the other layers")
-  sizes = {qw.group_size if qw.group_size != qw.shape[0] else -1 for qw in layers.values()}
+  # A layer with one group over all of K (g == K) fits any config group size >= K.
+  sizes = {qw.group_size for qw in layers.values() if qw.group_size != qw.shape[0]}
   if len(sizes) > 1:
     raise ValueError(f"all layers of one checkpoint must share a group size, got {sorted(sizes)}")
-  group = sizes.pop()
+  group = sizes.pop() if sizes else -1
+  for name, qw in layers.items():
+    if group != -1 and qw.group_size == qw.shape[0] and qw.shape[0] > group:
+      raise ValueError(f"layer {name!r} has one group over K={qw.shape[0]} but the other layers "
+                       f"use group_size={group}")
   if fmt == "awq":
     return dict(quant_method="awq", bits=first.bits, group_size=group, zero_point=True,
                 version="gemm")

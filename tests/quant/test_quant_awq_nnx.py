@@ -165,3 +165,17 @@ def test_safetensors_export_import(gpt, tmp_path, fmt, method):
 def formats_f16(qw):
   return quant.QuantizedWeight(qw.qweight, qw.scales.astype(jnp.float16), qw.zeros, qw.perm,
                                qw.bits, qw.group_size, qw.sym, qw.shape)
+
+
+def test_checkpoint_group_size_with_single_group_layers(tmp_path):
+  # K=128 with group 128 is one group per column; it shares a config with K=512, group 128.
+  a = quant.rtn(jax.random.normal(jax.random.key(0), (128, 16)), group_size=128)
+  b = quant.rtn(jax.random.normal(jax.random.key(1), (512, 16)), group_size=128)
+  path = str(tmp_path / "x.safetensors")
+  assert hf.save_checkpoint(path, {"a": a, "b": b})["group_size"] == 128
+  layers, _, _ = hf.load_checkpoint(path)
+  assert layers["a"].group_size == 128 and layers["b"].group_size == 128
+  np.testing.assert_array_equal(np.asarray(layers["b"].qweight), np.asarray(b.qweight))
+  c = quant.rtn(jax.random.normal(jax.random.key(2), (256, 16)), group_size=None)
+  with pytest.raises(ValueError, match="one group over K=256"):
+    hf.save_checkpoint(path, {"c": c, "b": b})
