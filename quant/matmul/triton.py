@@ -20,14 +20,16 @@ Unpacking (``Config.unpack``): "interleave" stacks the eight nibbles of each wor
 ``[d/8, 8, bn]`` tensor and reshapes it to ``[d, bn]`` (rows in natural order, one dot per group
 of ``d`` rows); "strided" does eight dots per group, nibble ``i`` of the ``d/8`` words against x's
 columns ``i, i+8, ...``, which the wrapper has stored contiguously (a cheap transpose of x), so no
-reshape is needed in the kernel (``d >= 128``).
+reshape is needed in the kernel (``d >= 128``); it also decodes two codes per 32-bit op
+(``(w >> 4i) & 0x000F000F | B·0x10001`` holds nibbles ``i`` and ``i + 4`` in its two halves).
 
 Tiling: program ``(i, j, s)`` owns rows ``[i*bm, (i+1)*bm)`` of x, columns ``[j*bn, (j+1)*bn)`` and
 the ``s``-th of ``split_k`` contiguous slices of K. With ``split_k > 1`` it writes a float32
 partial sum ``[split_k, M, N]`` that XLA adds up afterwards (deterministic; no atomics). M, N
 and a per-channel K tail are handled with masked loads and stores, so M = 1 costs no padding
 traffic. Act-order weights are served by gathering x's columns into the stored row order
-(``x[..., perm]``); the kernel never sees ``g_idx``.
+(``x[..., perm]``); the kernel never sees ``g_idx``. Differentiable in x and bias (custom VJP:
+``dx = dy @ W^T`` through XLA); the quantized weight gets no gradient.
 
 Example:
   >>> qw = quant.rtn(w, bits=4, group_size=128)        # w: [K, N]
