@@ -36,7 +36,7 @@ def _xla_backend(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_s
     raise NotImplementedError("the xla backend takes no config")
   return reference.attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                              q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                             kv_lengths=kv_lengths, return_lse=return_lse)
+                             kv_lengths=kv_lengths, return_lse=return_lse, accumulate_f32=True)
 
 
 def _on_gpu() -> bool:

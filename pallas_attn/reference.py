@@ -61,8 +61,12 @@ def attention(
     kv_lengths: Int[Array, "B"] | None = None,
     return_lse: bool = False,
     precision: jax.lax.Precision | None = None,
+    accumulate_f32: bool = False,
 ):
   """Reference attention (see module docstring). Same keywords as ``flash_attention``.
+
+  ``accumulate_f32`` keeps the two matmuls' outputs in float32 (as the kernels do) instead of
+  rounding them to the input dtype; the "xla" backend uses it, the tests' ``ref_lo`` does not.
 
   Example:
     >>> q = k = v = jnp.ones((1, 4, 2, 8), jnp.float32)
@@ -83,7 +87,9 @@ def attention(
   k = jnp.where(key_ok[:, :, None, None], k, 0)
   v = jnp.where(key_ok[:, :, None, None], v, 0)
   qg = q.reshape(b, t, kh, g, h)
-  logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, precision=precision).astype(jnp.float32)
+  acc = jnp.float32 if accumulate_f32 else None
+  logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, precision=precision,
+                      preferred_element_type=acc).astype(jnp.float32)
   logits = logits * scale
   if softcap is not None:
     logits = softcap * jnp.tanh(logits / softcap)
@@ -95,7 +101,8 @@ def attention(
   l = jnp.sum(p, axis=-1, keepdims=True)
   has_key = l > 0
   probs = (p / jnp.where(has_key, l, 1.0)).astype(dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(dtype), precision=precision)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(dtype), precision=precision,
+                   preferred_element_type=acc)
   out = out.reshape(b, t, n, h).astype(dtype)
   if not return_lse:
     return out
