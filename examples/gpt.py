@@ -4,6 +4,13 @@ Parameters carry logical axis names (``nnx.with_partitioning``) so that ``parall
 can lay the same model out as DP, FSDP, TP, ... without changing this file. Attention is injectable:
 ``attention_fn(q, k, v, *, causal)`` with the ``[B, T, N, H]`` layout of ``pallas_attn``.
 
+Hooks for ``parallel/`` (both ``None`` by default, set on a traced copy by ``make_train_step``):
+``activation_sharding(x, logical_names)`` constrains activations (``("batch", "length",
+"act_embed")`` for the residual stream, ``act_heads`` / ``act_mlp`` / ``act_vocab`` inside), and
+``GPT.layer_runner(apply, params, x, *, stacked)`` applies the blocks (activation checkpointing,
+pipelines). ``GPTConfig(scan_layers=True)`` stacks the blocks' parameters on a leading ``"layers"``
+axis (same initial values as the list of blocks) so a pipeline can split them over stages.
+
 Example:
   >>> from flax import nnx
   >>> cfg = GPTConfig(vocab=256, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, max_len=128)

@@ -218,6 +218,8 @@ def _forward_sweep(stage, params, xs, *, axis: str, stages: int, virtual: int):
   ring = [(j, (j + 1) % p) for j in range(p)]
   zero = jax.lax.pcast(jnp.zeros_like(xs[0]), axis, to="varying")
   buf = jax.lax.pcast(jnp.zeros_like(xs), axis, to="varying")
+  # Only the circular schedule needs stage 0 to keep items between rounds.
+  circ0 = buf if v > 1 else jax.lax.pcast(jnp.zeros((1,), xs.dtype), axis, to="varying")
 
   def tick(carry, t):
     recv, circ, out = carry
@@ -237,7 +239,7 @@ def _forward_sweep(stage, params, xs, *, axis: str, stages: int, virtual: int):
     recv = jax.lax.ppermute(y, axis, ring)
     return (recv, circ, out), None
 
-  (_, _, out), _ = jax.lax.scan(tick, (zero, buf, buf), jnp.arange(n_items + p - 1))
+  (_, _, out), _ = jax.lax.scan(tick, (zero, circ0, buf), jnp.arange(n_items + p - 1))
   return jax.lax.psum(jnp.where(s == p - 1, out, jnp.zeros_like(out)), axis)
 
 

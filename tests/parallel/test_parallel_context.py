@@ -30,7 +30,7 @@ def within_rule(actual, ref_hi, what):
 
 
 CASES = [
-    ("zigzag-causal", dict(data=2, tensor=4), "tensor", "data", None, True, True),
+    ("zigzag-causal", dict(data=2, fsdp=2, tensor=2), "tensor", "data", None, True, True),
     ("contiguous-causal", dict(tensor=8), "tensor", None, None, True, False),
     ("zigzag-full", dict(tensor=8), "tensor", None, None, False, True),
     ("seq-on-fsdp+heads-on-tensor", dict(fsdp=4, tensor=2), "fsdp", None, "tensor", True, True),
@@ -122,7 +122,7 @@ def test_gpt_with_ring_attention_trains_like_one_device():
   from parallel import rules as R
   from parallel_helpers import assert_trees_close, make_tokens, tiny_config
 
-  mesh = parallel.make_mesh(data=2, tensor=4)
+  mesh = parallel.make_mesh(data=4, tensor=2)
   ring = functools.partial(ring_attention, mesh=mesh, axis="tensor", batch_axes="data",
                            implementation="xla")
   tokens = make_tokens()

@@ -59,8 +59,11 @@ def test_pipeline_equals_sequential_layers(name, mesh_kw, config, n_layers, rema
   # Gradients are sums over micro-batches in a different order: atol scales with their size.
   assert_trees_close(g_params, ref_gp, what="param grads", scale_atol=True)
   assert_trees_close(g_x, ref_gx, what="input grads", scale_atol=True)
+  # The forward involves no cross-device reduction (each micro-batch row meets the same layers in
+  # the same order): bitwise equal.
   y = jax.jit(piped, compiler_options=FAST_COMPILE)(params, x)
-  np.testing.assert_allclose(y, sequential(params, x), rtol=1e-5, atol=1e-6)
+  y_ref = jax.jit(sequential, compiler_options=FAST_COMPILE)(params, x)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ref))
 
 
 def test_1f1b_peak_activation_memory_below_gpipe():
