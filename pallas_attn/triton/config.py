@@ -84,6 +84,16 @@ def default_config(*, head_dim: int, seq_q: int, seq_k: int, itemsize: int = 2) 
       cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
     else:
       cfg = dataclasses.replace(cfg, block_q=cfg.block_q // 2)
+  # The same for the backward (untested on the GPU for float32 at the time of writing: a guess
+  # from the tile arithmetic, not a measurement).
+  while backward_smem_bytes(cfg, head_dim=head_dim, itemsize=itemsize) > BWD_SMEM_BUDGET_BYTES:
+    if cfg.bwd_num_stages > 1:
+      cfg = dataclasses.replace(cfg, bwd_num_stages=cfg.bwd_num_stages - 1)
+    elif cfg.block_k_dkv > 16:
+      cfg = dataclasses.replace(cfg, block_k_dkv=cfg.block_k_dkv // 2,
+                                block_k_dq=max(16, cfg.block_k_dq // 2))
+    else:
+      break
   return cfg
 
 
@@ -94,6 +104,15 @@ def forward_smem_bytes(cfg: Config, *, head_dim: int, itemsize: int = 2) -> int:
   """Shared memory the forward asks for: the Q tile plus ``num_stages`` buffered K and V tiles."""
   hp = _pow2_at_least(head_dim)
   return (cfg.block_q + 2 * cfg.num_stages * cfg.block_k) * hp * itemsize
+
+
+BWD_SMEM_BUDGET_BYTES = 160 * 1024   # leaves room for Triton's dot-operand layout conversions
+
+
+def backward_smem_bytes(cfg: Config, *, head_dim: int, itemsize: int = 2) -> int:
+  """Rough shared memory of the dK/dV kernel: its K and V tiles plus staged Q and dO tiles."""
+  hp = _pow2_at_least(head_dim)
+  return (2 * cfg.block_k_dkv + 2 * cfg.bwd_num_stages * cfg.block_q_dkv) * hp * itemsize
 
 
 def fit_to_lengths(cfg: Config, *, seq_q: int, seq_k: int) -> Config:

@@ -13,7 +13,8 @@ from jax._src import mesh as mesh_lib
 
 import pallas_attn
 from pallas_attn.triton import Config, default_config
-from pallas_attn.triton.config import SMEM_LIMIT_BYTES, fit_to_lengths, forward_smem_bytes
+from pallas_attn.triton.config import (BWD_SMEM_BUDGET_BYTES, SMEM_LIMIT_BYTES,
+                                       backward_smem_bytes, fit_to_lengths, forward_smem_bytes)
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 96), ("block_k", 8), ("block_q_dq", 512),
@@ -38,6 +39,8 @@ def test_default_config_fits(head_dim, seq):
   cfg32 = default_config(head_dim=head_dim, seq_q=seq, seq_k=seq, itemsize=4)
   assert forward_smem_bytes(cfg, head_dim=head_dim, itemsize=2) <= SMEM_LIMIT_BYTES
   assert forward_smem_bytes(cfg32, head_dim=head_dim, itemsize=4) <= SMEM_LIMIT_BYTES
+  for c, size in ((cfg, 2), (cfg32, 4)):
+    assert backward_smem_bytes(c, head_dim=head_dim, itemsize=size) <= BWD_SMEM_BUDGET_BYTES
   tiles = (cfg.block_q, cfg.block_k, cfg.block_q_dkv, cfg.block_k_dkv, cfg.block_q_dq,
            cfg.block_k_dq)
   assert all(16 <= b <= max(16, 1 << (seq - 1).bit_length()) for b in tiles)
