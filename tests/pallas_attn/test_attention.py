@@ -125,12 +125,6 @@ EXTREME_CASES = [
     Case(t=100, s=140, inputs="heavy", causal=True, kv_lengths=(90, 140), softcap=50.0),
 ]
 
-_XLA_ROUNDS_LOGITS = (
-    "finding: the xla backend (reference.attention in the input dtype) rounds q.k to bfloat16 "
-    "before the softmax, so logits near -1e5 (ulp 512) or 1e4 (ulp 64) lose their digits and "
-    "out/grads break CAP")
-
-
 def _id(c: Case) -> str:
   return c.id
 
@@ -191,10 +185,7 @@ def test_off_by_one_tails(backend, case):
 
 @H.per_backend
 @pytest.mark.parametrize("case", EXTREME_CASES, ids=_id)
-def test_extreme_logits(backend, case, request):
-  if backend == "xla":      # always fails for "negative"; for "heavy" it depends on the draw
-    request.applymarker(pytest.mark.xfail(reason=_XLA_ROUNDS_LOGITS,
-                                          strict=case.inputs == "negative"))
+def test_extreme_logits(backend, case):
   res = H.check_case(case, backend)
   x, _, _ = H.case_data(case)
   logits = H._logits64(np.asarray(x.q, np.float32), np.asarray(x.k, np.float32), case)
