@@ -59,7 +59,8 @@ def sample_cases(seed: int, count: int, ts_pool, head_dims, dtypes) -> list[Case
 # Interpret-mode sample: every small point of the grid once, plus random extra draws.
 _SMALL_TS = tuple(ts for ts in H.TS_GRID + H.TS_ALIGNED if max(ts) <= 256) + ((3, 799), (799, 3))
 SAMPLE = sample_cases(20261202, 11, _SMALL_TS, head_dims=(32, 64, 72, 96, 128),
-                      dtypes=("bfloat16", "bfloat16", "float32", "float16"))
+                      dtypes=("bfloat16", "bfloat16", "float32", "float16")) + [
+    Case(t=1023, s=1024, h=32, n=2, kh=1, causal=True, seed=99)]   # one long case, kept thin
 
 
 def _full_grid() -> list[Case]:
