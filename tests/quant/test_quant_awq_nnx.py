@@ -68,7 +68,21 @@ def gpt():
   model = GPT(cfg, rngs=nnx.Rngs(0), attention_fn=_attention)
   rng = np.random.default_rng(0)
   batches = [jnp.asarray(rng.integers(0, 256, (4, 32)), jnp.int32) for _ in range(2)]
+  _BEFORE.append(jax.tree.map(np.asarray, nnx.state(model, nnx.Param)))
   return model, batches
+
+
+_QUANTIZED = {}
+_BEFORE = []          # the fixture model's parameters before any quantize_model call
+
+
+def _quantized(gpt, method):
+  """quantize_model(method) of the fixture model, computed once per test process."""
+  if method not in _QUANTIZED:
+    model, batches = gpt
+    _QUANTIZED[method] = quant.quantize_model(model, batches, method=method, bits=4, group_size=32,
+                                              act_order=method == "gptq", progress=False)
+  return _QUANTIZED[method]
 
 
 def test_quant_linear_matches_reference():
@@ -86,9 +100,8 @@ def test_quant_linear_matches_reference():
 @pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
 def test_quantize_model(gpt, method):
   model, batches = gpt
-  before = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
-  qmodel, report = quant.quantize_model(model, batches, method=method, bits=4, group_size=32,
-                                        act_order=method == "gptq", progress=False)
+  qmodel, report = _quantized(gpt, method)
+  before = _BEFORE[0]
   # The input model is untouched; every linear but the head is quantized, in execution order.
   after = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
   jax.tree.map(np.testing.assert_array_equal, before, after)
@@ -133,8 +146,7 @@ def test_true_sequential_calibration_sees_quantized_inputs(gpt):
 @pytest.mark.parametrize("fmt,method", [("gptq", "gptq"), ("gptq_v2", "rtn"), ("awq", "awq")])
 def test_safetensors_export_import(gpt, tmp_path, fmt, method):
   model, batches = gpt
-  qmodel, _ = quant.quantize_model(model, batches[:1], method=method, bits=4, group_size=32,
-                                   act_order=fmt == "gptq", progress=False)
+  qmodel, _ = _quantized(gpt, method)
   path = str(tmp_path / "model.safetensors")
   config = hf.export_model(qmodel, path, format=fmt)
   assert config["quant_method"] == ("awq" if fmt == "awq" else "gptq")
