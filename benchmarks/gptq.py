@@ -46,6 +46,51 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
+
+def _shim_optional_deps() -> list[str]:
+  """The GPU machine may lack jaxtyping and tqdm, which ``quant`` uses only for annotations and
+  progress bars (never on the timed path): give it minimal stand-ins. Returns what was shimmed."""
+  import types  # pylint: disable=import-outside-toplevel
+  shimmed = []
+  try:
+    import jaxtyping  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    class _Ann:
+      def __getitem__(self, item):
+        return item[0] if isinstance(item, tuple) else item
+    mod = types.ModuleType("jaxtyping")
+    mod.Array = jax.Array
+    mod.Float = mod.Int = mod.Bool = mod.Shaped = _Ann()
+    sys.modules["jaxtyping"] = mod
+    shimmed.append("jaxtyping")
+  try:
+    import tqdm.auto  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    class _Bar:
+      def __init__(self, *args, **kwargs):
+        del args, kwargs
+
+      def __enter__(self):
+        return self
+
+      def __exit__(self, *exc):
+        return False
+
+      def update(self, *args):
+        del args
+
+      def set_postfix_str(self, *args):
+        del args
+    top, auto = types.ModuleType("tqdm"), types.ModuleType("tqdm.auto")
+    top.tqdm = auto.tqdm = _Bar
+    top.auto = auto
+    sys.modules["tqdm"], sys.modules["tqdm.auto"] = top, auto
+    shimmed.append("tqdm")
+  return shimmed
+
+
+SHIMMED = _shim_optional_deps()
+
 import quant  # pylint: disable=wrong-import-position
 from quant.gptq import quantize_error  # pylint: disable=wrong-import-position
 import timing  # pylint: disable=wrong-import-position
@@ -334,7 +379,7 @@ def main(argv=None) -> dict[str, Any]:
       benchmark="gptq", meta=timing.metadata(), small=args.small, tokens=tokens, batch=batch,
       bits=BITS, block_size=128, damp=0.01, iters=iters, peer_iters=peer_iters,
       torch=getattr(torch, "__version__", None), peer_device=str(device) if device else None,
-      peer_unavailable=why or None, layers={})
+      peer_unavailable=why or None, shimmed_modules=SHIMMED, layers={})
   start = time.perf_counter()
   for out_f, in_f in layers:
     name = f"{out_f}x{in_f}"
