@@ -254,6 +254,7 @@ def quantize_model(model: nnx.Module, calibration_batches: Iterable[Any], *, met
                    bits: int = 4, group_size: int | None = 128, sym: bool = False,
                    act_order: bool = False, static_groups: bool = False, damp: float = 0.01,
                    block_size: int = 128, awq_options: dict | None = None,
+                   awq_no_clip: Sequence[str] = ("q", "k", "q_proj", "k_proj", "query", "key"),
                    exclude: Sequence[str] = ("head", "lm_head"),
                    forward: Callable[[nnx.Module, Any], Any] | None = None,
                    implementation: str | None = None,
@@ -266,6 +267,8 @@ def quantize_model(model: nnx.Module, calibration_batches: Iterable[Any], *, met
     method: "gptq" | "awq" | "rtn".
     bits, group_size, sym: the format. act_order, static_groups, damp, block_size: GPTQ options.
     awq_options: extra keyword arguments of ``quant.awq`` (n_grid, duo_scaling, clip, ...).
+    awq_no_clip: layer names whose AWQ group skips the clipping search (llm-awq does not clip
+      query/key projections: their errors are amplified by the q k^T product).
     exclude: layer names (last path element or full dotted path) kept in full precision.
     forward: ``forward(model, batch)``; default ``model(batch)``.
     implementation: int4_matmul backend of the new layers (None: automatic).
@@ -300,10 +303,13 @@ def quantize_model(model: nnx.Module, calibration_batches: Iterable[Any], *, met
       h = calibration.hessian(stats)
       layers = [_get(model, p) for p in group]
       weights = [lin.kernel[...] for lin in layers]
+      options = dict(awq_options or {})
+      if method == "awq" and any(p[-1] in awq_no_clip for p in group):
+        options["clip"] = False
       new, extra = _quantize_group(weights, h, stats, layers, norm_path, model, method=method,
                                    bits=bits, group_size=group_size, sym=sym, act_order=act_order,
                                    static_groups=static_groups, damp=damp, block_size=block_size,
-                                   awq_options=awq_options or {})
+                                   awq_options=options)
       secs = (time.perf_counter() - t0) / len(group)
       for path, lin, w, (qw, w_hat, in_scale, info) in zip(group, layers, weights, new):
         _set(model, path, QuantLinear.from_linear(lin, qw, input_scale=in_scale,
