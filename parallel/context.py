@@ -17,9 +17,11 @@ bottom-right alignment of ``flash_attention`` is the usual one), and chunks afte
 (no kernel call). With ``load_balance=True`` the sequence is cut into ``2n`` chunks and device
 ``d`` holds chunks ``d`` and ``2n - 1 - d`` (zig-zag), so every device does the same causal work.
 
-Gradients come from autodiff of the ring (``flash_attention`` is a ``custom_vjp``, its lse output
-differentiable): the backward keeps the K/V chunks seen in the forward, ``O(T)`` memory per device
-for K/V (queries and outputs stay ``O(T / n)``).
+Gradients: by default a ``custom_vjp`` turns the ring a second time in the backward pass, carrying
+each K/V chunk with its gradient accumulators and recomputing every chunk's attention under
+``jax.vjp`` (like FlashAttention's own recompute), so memory stays ``O(T / n)`` per device.
+``efficient_backward=False`` instead differentiates the forward ring (``flash_attention`` is a
+``custom_vjp`` whose lse output is differentiable), which keeps all K/V chunks: ``O(T)``.
 
 Example:
   >>> mesh = make_mesh(data=2, tensor=4)
@@ -87,16 +89,12 @@ def _attend(q, k, v, *, causal, scale, implementation):
   return out, lse.astype(jnp.float32)
 
 
-def _full_or_hidden(full, q, k, v, *, scale, implementation):
-  """A chunk pair whose visibility depends on the device: all keys visible or none (skipped)."""
-  def hidden(q, k, v):
-    b, t, n, _ = q.shape
-    lse = jnp.full((b, n, t), -jnp.inf, jnp.float32)
-    vma = _varying_axes(q)
-    return jnp.zeros_like(q), (jax.lax.pcast(lse, vma, to="varying") if vma else lse)
-
-  visible = functools.partial(_attend, causal=False, scale=scale, implementation=implementation)
-  return jax.lax.cond(full, visible, hidden, q, k, v)
+def _hidden(q, k, v):
+  """The partial of a key chunk hidden from every query: out 0, lse -inf."""
+  b, t, n, _ = q.shape
+  lse = jnp.full((b, n, t), -jnp.inf, jnp.float32)
+  vma = _varying_axes(q)
+  return jnp.zeros_like(q), (jax.lax.pcast(lse, vma, to="varying") if vma else lse)
 
 
 def _pair_kind(a: int, b: int, step: int, *, causal: bool, load_balance: bool):
@@ -115,48 +113,120 @@ def _pair_kind(a: int, b: int, step: int, *, causal: bool, load_balance: bool):
   return ("dynamic", 1 if a == 0 else -1)
 
 
-def _ring(q, k, v, *, axis: str, n: int, causal: bool, load_balance: bool, scale,
-          implementation):
-  d = jax.lax.axis_index(axis)
-  pieces = 2 if load_balance else 1
-  c = q.shape[1] // pieces
+def _tasks(step, d, *, n, pieces, c, causal, load_balance, scale, implementation):
+  """The calls of one ring step: (query piece, key slice, partial attention fn, predicate),
+  where the predicate (None: always) says whether the device sees that key chunk at all."""
+  src = (d - step) % n                          # owner of the K/V chunk held at this step
   attend = functools.partial(_attend, scale=scale, implementation=implementation)
+  tasks = []
+  for a in range(pieces):
+    if not causal:                              # every key visible: one call on the whole chunk
+      tasks.append((a, None, functools.partial(attend, causal=False), None))
+      continue
+    for b in range(pieces):
+      kind = _pair_kind(a, b, step, causal=causal, load_balance=load_balance)
+      if kind == HIDDEN:
+        continue
+      sl = None if pieces == 1 else slice(b * c, (b + 1) * c)
+      if kind in (FULL, DIAGONAL):
+        tasks.append((a, sl, functools.partial(attend, causal=kind == DIAGONAL), None))
+      else:
+        tasks.append((a, sl, functools.partial(attend, causal=False),
+                      kind[1] * (src - d) < 0))
+  return tasks
+
+
+def _take(x, sl):
+  return x if sl is None else x[:, sl]
+
+
+def _ring_forward(q, k, v, *, axis: str, n: int, pieces: int, **statics):
+  """Local out [B, T/n, N, H] and lse [B, N, T/n] after a full turn of the ring."""
+  d = jax.lax.axis_index(axis)
+  c = q.shape[1] // pieces
   q_parts = [q[:, i * c:(i + 1) * c] for i in range(pieces)]
-  outs = [None] * pieces
-  lses = [None] * pieces
+  outs, lses = [None] * pieces, [None] * pieces
   ring = [(j, (j + 1) % n) for j in range(n)]
   for step in range(n):
-    src = (d - step) % n                        # owner of the K/V chunk we hold now
-    for a in range(pieces):
-      if not causal:                            # every key visible: one call on the whole chunk
-        partials = [attend(q_parts[a], k, v, causal=False)]
+    for a, sl, fn, visible in _tasks(step, d, n=n, pieces=pieces, c=c, **statics):
+      args = (q_parts[a], _take(k, sl), _take(v, sl))
+      o, l = fn(*args) if visible is None else jax.lax.cond(visible, fn, _hidden, *args)
+      if outs[a] is None:
+        outs[a], lses[a] = o, l
       else:
-        partials = []
-        for b in range(pieces):
-          kb, vb = k[:, b * c:(b + 1) * c], v[:, b * c:(b + 1) * c]
-          kind = _pair_kind(a, b, step, causal=causal, load_balance=load_balance)
-          if kind == HIDDEN:
-            continue
-          if kind in (FULL, DIAGONAL):
-            partials.append(attend(q_parts[a], kb, vb, causal=kind == DIAGONAL))
-          else:
-            full = kind[1] * (src - d) < 0
-            partials.append(_full_or_hidden(full, q_parts[a], kb, vb, scale=scale,
-                                            implementation=implementation))
-      for o, l in partials:
-        if outs[a] is None:
-          outs[a], lses[a] = o, l
-        else:
-          outs[a], lses[a] = merge_partials(outs[a], lses[a], o, l)
+        outs[a], lses[a] = merge_partials(outs[a], lses[a], o, l)
     if step < n - 1:
       k, v = jax.lax.ppermute((k, v), axis, ring)
-  return jnp.concatenate(outs, axis=1).astype(q.dtype)
+  return jnp.concatenate(outs, axis=1).astype(q.dtype), jnp.concatenate(lses, axis=2)
+
+
+def _ring_backward(q, k, v, out, lse, dout, *, axis: str, n: int, pieces: int, **statics):
+  """Gradients in O(T / n) memory: K/V go round again with their gradient accumulators; each
+  chunk's partial attention is recomputed under ``jax.vjp`` with the cotangents the lse merge
+  gives it:  w_j = exp(lse_j - lse),  d out_j = w_j dout,  d lse_j = w_j <dout, out_j - out>."""
+  d = jax.lax.axis_index(axis)
+  c = q.shape[1] // pieces
+  part = lambda x, a: x[:, a * c:(a + 1) * c]
+  q_parts = [part(q, a) for a in range(pieces)]
+  dq = [jnp.zeros_like(p) for p in q_parts]
+  dk, dv = jnp.zeros_like(k), jnp.zeros_like(v)
+  ring = [(j, (j + 1) % n) for j in range(n)]
+  for step in range(n):
+    for a, sl, fn, visible in _tasks(step, d, n=n, pieces=pieces, c=c, **statics):
+      def grads(q_a, k_b, v_b, fn=fn, a=a):
+        (o, l), vjp = jax.vjp(fn, q_a, k_b, v_b)
+        total = lse[:, :, a * c:(a + 1) * c]
+        ok = jnp.isfinite(total) & jnp.isfinite(l)
+        w = jnp.where(ok, jnp.exp(jnp.where(ok, l - total, 0.0)), 0.0)          # [B, N, t]
+        g = part(dout, a).astype(jnp.float32)
+        g_o = (g * jnp.swapaxes(w, 1, 2)[..., None]).astype(o.dtype)
+        inner = jnp.sum(g * (o.astype(jnp.float32) - part(out, a).astype(jnp.float32)), axis=-1)
+        return vjp((g_o, w * jnp.swapaxes(inner, 1, 2)))
+
+      args = (q_parts[a], _take(k, sl), _take(v, sl))
+      if visible is None:
+        dq_a, dk_b, dv_b = grads(*args)
+      else:   # a chunk this device cannot see contributes nothing: skip its recompute
+        dq_a, dk_b, dv_b = jax.lax.cond(
+            visible, grads, lambda *xs: tuple(jnp.zeros_like(x) for x in xs), *args)
+      dq[a] = dq[a] + dq_a
+      if sl is None:
+        dk, dv = dk + dk_b, dv + dv_b
+      else:
+        dk, dv = dk.at[:, sl].add(dk_b), dv.at[:, sl].add(dv_b)
+    if step < n - 1:
+      k, v, dk, dv = jax.lax.ppermute((k, v, dk, dv), axis, ring)
+  dk, dv = jax.lax.ppermute((dk, dv), axis, ring)   # one more hop: back to the chunks' owners
+  return jnp.concatenate(dq, axis=1), dk, dv
+
+
+def _ring(q, k, v, *, axis: str, n: int, causal: bool, load_balance: bool, scale,
+          implementation, efficient_backward: bool):
+  statics = dict(axis=axis, n=n, pieces=2 if load_balance else 1, causal=causal,
+                 load_balance=load_balance, scale=scale, implementation=implementation)
+  if not efficient_backward:
+    return _ring_forward(q, k, v, **statics)[0]
+
+  @jax.custom_vjp
+  def ring(q, k, v):
+    return _ring_forward(q, k, v, **statics)[0]
+
+  def ring_fwd(q, k, v):
+    out, lse = _ring_forward(q, k, v, **statics)
+    return out, (q, k, v, out, lse)
+
+  def ring_bwd(res, dout):
+    return _ring_backward(*res, dout, **statics)
+
+  ring.defvjp(ring_fwd, ring_bwd)
+  return ring(q, k, v)
 
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mesh: Mesh, axis: str,
                    causal: bool = False, scale: float | None = None,
                    batch_axes: BatchAxes = None, head_axis: str | None = None,
-                   load_balance: bool = True, implementation: str | None = None) -> jax.Array:
+                   load_balance: bool = True, implementation: str | None = None,
+                   efficient_backward: bool = True) -> jax.Array:
   """Attention with the sequence split over ``axis``; equals ``flash_attention(q, k, v)``.
 
   Args:
@@ -169,6 +239,9 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mesh: Mesh, axis
     load_balance: zig-zag chunks so every device has the same causal work. The inputs are
       permuted to that order and the output back inside this function.
     implementation: passed to ``pallas_attn.flash_attention``.
+    efficient_backward: a second turn of the ring in the backward pass that recomputes each
+      chunk's attention (``O(T / n)`` memory); False differentiates the forward ring directly
+      (keeps every K/V chunk it saw: ``O(T)``).
 
   Example:
     >>> out = ring_attention(q, k, v, mesh=make_mesh(tensor=8), axis="tensor", causal=True)
@@ -195,7 +268,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mesh: Mesh, axis
     q, k, v = (jnp.take(x, perm, axis=1) for x in (q, k, v))
   spec = P(batch_axes, axis, head_axis, None)
   body = functools.partial(_ring, axis=axis, n=n, causal=causal, load_balance=load_balance,
-                           scale=scale, implementation=implementation)
+                           scale=scale, implementation=implementation,
+                           efficient_backward=efficient_backward)
   out = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
   if load_balance:
     out = jnp.take(out, np.argsort(perm), axis=1)

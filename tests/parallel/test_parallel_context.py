@@ -30,22 +30,24 @@ def within_rule(actual, ref_hi, what):
 
 
 CASES = [
-    ("zigzag-causal", dict(data=2, fsdp=2, tensor=2), "tensor", "data", None, True, True),
-    ("contiguous-causal", dict(tensor=8), "tensor", None, None, True, False),
-    ("zigzag-full", dict(tensor=8), "tensor", None, None, False, True),
-    ("seq-on-fsdp+heads-on-tensor", dict(fsdp=4, tensor=2), "fsdp", None, "tensor", True, True),
+    ("zigzag-causal", dict(data=2, fsdp=2, tensor=2), "tensor", "data", None, True, True, True),
+    ("contiguous-causal", dict(tensor=8), "tensor", None, None, True, False, True),
+    ("zigzag-full", dict(tensor=8), "tensor", None, None, False, True, True),
+    ("seq-on-fsdp+heads-on-tensor", dict(fsdp=4, tensor=2), "fsdp", None, "tensor", True, True,
+     True),
+    ("autodiff-backward", dict(data=2, tensor=4), "tensor", "data", None, True, True, False),
 ]
 
 
-@pytest.mark.parametrize("name,mesh_kw,axis,batch_axes,head_axis,causal,balance", CASES,
+@pytest.mark.parametrize("name,mesh_kw,axis,batch_axes,head_axis,causal,balance,efficient", CASES,
                          ids=[c[0] for c in CASES])
 def test_ring_attention_matches_unsharded(name, mesh_kw, axis, batch_axes, head_axis, causal,
-                                          balance):
+                                          balance, efficient):
   mesh = parallel.make_mesh(**mesh_kw)
   q, k, v, ct = qkv()
   ring = functools.partial(ring_attention, mesh=mesh, axis=axis, causal=causal,
                            batch_axes=batch_axes, head_axis=head_axis, load_balance=balance,
-                           implementation="xla")
+                           implementation="xla", efficient_backward=efficient)
   with jax.default_matmul_precision("highest"):
     ref = functools.partial(pallas_attn.reference.attention, causal=causal)
     ref_out = ref(q, k, v)
@@ -72,6 +74,11 @@ def test_causal_chunk_pairs_are_skipped_not_computed(balance, conds):
   jaxpr = str(jax.make_jaxpr(f)(q, k, v))
   assert jaxpr.count("cond[") == conds
   assert jaxpr.count("ppermute[") == 2 * 3          # k and v, 3 hops
+  # The backward turns the ring once more (k, v, dk, dv for 3 hops, then dk, dv home) and skips
+  # hidden chunks behind the same number of conditionals.
+  grad_jaxpr = str(jax.make_jaxpr(jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2)))(q, k, v))
+  assert grad_jaxpr.count("ppermute[") == 2 * 3 + 4 * 3 + 2
+  assert grad_jaxpr.count("cond[") == 2 * conds
 
 
 def test_merge_partials_handles_empty_rows():
@@ -134,3 +141,18 @@ def test_gpt_with_ring_attention_trains_like_one_device():
                                     compiler_options=FAST_COMPILE)
     out[name] = step.loss_and_grad(step.init(model), tokens)
   assert_trees_close(out["ring"], out["dense"], what="loss and grads", scale_atol=True)
+
+
+def test_efficient_backward_uses_less_memory_than_autodiff():
+  # Autodiff of the forward ring keeps every K/V chunk each device saw (O(T)); the custom
+  # backward carries one chunk and its gradient accumulators round the ring (O(T / n)).
+  mesh = parallel.make_mesh(tensor=8)
+  q = k = v = jnp.ones((1, 256, 2, 16))
+  temp = {}
+  for efficient in (True, False):
+    f = functools.partial(ring_attention, mesh=mesh, axis="tensor", causal=True,
+                          implementation="xla", efficient_backward=efficient)
+    grad = jax.jit(jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2)),
+                   compiler_options=FAST_COMPILE)
+    temp[efficient] = grad.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+  assert temp[True] < temp[False], temp
