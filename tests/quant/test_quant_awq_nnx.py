@@ -115,8 +115,10 @@ def test_quantize_model(gpt, method):
     if method == "rtn":
       assert r.error == pytest.approx(r.rtn_error, rel=1e-5)
   total, total_rtn = sum(r.error for r in report), sum(r.rtn_error for r in report)
-  if method != "rtn":
-    assert total < 0.9 * total_rtn
+  if method == "gptq":
+    assert total < 0.8 * total_rtn
+  if method == "awq":   # smaller gain: q/k/v are searched without clipping (llm-awq's rule)
+    assert total < 0.95 * total_rtn
   if method == "awq":   # q/k/v share one scale folded into ln1, up into ln2, o/down keep it
     folded = {r.path: r.folded_into for r in report}
     assert folded["blocks.0.attn.q"] == "blocks.0.ln1" and folded["blocks.1.mlp.up"] == "blocks.1.ln2"
