@@ -73,7 +73,6 @@ def fwd_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_re
   """One program: a [block_q, H] tile of queries of one (batch, head) against its K/V blocks."""
   q_start = pl.program_id(0) * block_q
   q = q_ref[...]
-  head_dim = q.shape[-1]
   kv_len = kv_len_ref[0] if st.has_kv_len else None
   q_seg = q_seg_ref[...] if st.has_segments else None
 
@@ -100,9 +99,10 @@ def fwd_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_re
     acc = acc * alpha[:, None] + plgpu.dot(p.astype(v.dtype), v, precision=st.precision)
     return acc, m_new, l_new
 
-  carry = (jnp.zeros((block_q, head_dim), jnp.float32),
-           jnp.full((block_q,), -jnp.inf, jnp.float32),
-           jnp.zeros((block_q,), jnp.float32))
+  # *_like keeps q's varying mesh axes, so the loop carries type-check inside shard_map.
+  acc0 = jnp.zeros_like(q, dtype=jnp.float32)
+  row0 = jnp.sum(acc0, axis=1)
+  carry = (acc0, row0 - jnp.inf, row0)
   if st.any_mask:
     lo, lo_full, hi_full, hi = ranges_ref[0], ranges_ref[1], ranges_ref[2], ranges_ref[3]
     carry = _visit(lo, lo_full, body, carry, masked=True)
@@ -183,7 +183,7 @@ def dkdv_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_r
       carry = _visit(0, num_q_blocks, step, carry, masked=False)
     return carry
 
-  zeros = jnp.zeros(k.shape, jnp.float32)
+  zeros = jnp.zeros_like(k, dtype=jnp.float32)
   dk, dv = lax.fori_loop(0, st.groups, per_head, (zeros, zeros))
   dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -217,7 +217,7 @@ def dq_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref
     _, ds = _probs_and_dlogits(q, k, v, do, lse2, delta, mask, st)
     return dq + plgpu.dot(ds.astype(k.dtype), k, precision=st.precision)
 
-  dq = jnp.zeros(q.shape, jnp.float32)
+  dq = jnp.zeros_like(q, dtype=jnp.float32)
   if st.any_mask:
     lo, lo_full, hi_full, hi = ranges_ref[0], ranges_ref[1], ranges_ref[2], ranges_ref[3]
     dq = _visit(lo, lo_full, body, dq, masked=True)

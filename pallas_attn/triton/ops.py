@@ -32,6 +32,27 @@ class _Plan:
   interpret: bool
 
 
+def _vma(x) -> frozenset:
+  return frozenset(jax.typeof(x).mat.varying)
+
+
+def _match_vma(arrays, axes: frozenset):
+  """Inside ``shard_map(check_vma=True)``: make every operand vary over the same mesh axes.
+
+  Integer side inputs (block ranges, lengths) built from constants are not varying, while q/k/v
+  are; the kernel mixes them, which the vma checker rejects unless they agree.
+  """
+  out = []
+  for x in arrays:
+    missing = axes - _vma(x) if x is not None else frozenset()
+    out.append(jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x)
+  return out
+
+
+def _out_struct(shape, dtype, like):
+  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).mat)
+
+
 def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
@@ -87,7 +108,13 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   ranges = _block_ranges(plan, seq_q=t, seq_k=s, kv_len=kv_len, q_seg=q_segment_ids,
                          kv_seg=kv_segment_ids)
   kv_len2d = None if kv_len is None else kv_len[:, None]
-  out, lse = _flash(pad(q, tq), pad(k, tk), pad(v, tk), ranges, kv_len2d, q_seg, kv_seg, plan)
+  args = [pad(q, tq), pad(k, tk), pad(v, tk), kv_len2d, q_seg, kv_seg]
+  axes = frozenset().union(*(_vma(x) for x in args + list(ranges or ()) if x is not None))
+  if axes:
+    args = _match_vma(args, axes)
+    ranges = None if ranges is None else tuple(_match_vma(ranges, axes))
+  qp, kp, vp, kv_len2d, q_seg, kv_seg = args
+  out, lse = _flash(qp, kp, vp, ranges, kv_len2d, q_seg, kv_seg, plan)
   out = out[:, :t, :, :h]
   lse = lse[:, :, :t]
   return (out, lse) if return_lse else out
@@ -147,8 +174,8 @@ def _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan: _Plan):
       grid=(nq, plan.batch, plan.heads),
       in_specs=in_specs,
       out_specs=[q_tile, pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i))],
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((plan.batch, plan.heads, plan.seq_q), jnp.float32)],
+      out_shape=[_out_struct(q.shape, q.dtype, q),
+                 _out_struct((plan.batch, plan.heads, plan.seq_q), jnp.float32, q)],
       compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
       interpret=plan.interpret,
       name="flash_attention_fwd",
@@ -185,7 +212,7 @@ def _flash_bwd(plan: _Plan, res, cotangents):
           all_q, kv_tile, kv_tile, all_q, rows, rows,
       ],
       out_specs=[kv_tile, kv_tile],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      out_shape=[_out_struct(k.shape, k.dtype, k), _out_struct(v.shape, v.dtype, v)],
       compiler_params=plgpu.CompilerParams(num_warps=cfg.bwd_num_warps,
                                            num_stages=cfg.bwd_num_stages),
       interpret=plan.interpret,
@@ -210,7 +237,7 @@ def _flash_bwd(plan: _Plan, res, cotangents):
           q_tile, full_kv, full_kv, q_tile, row_tile, row_tile,
       ],
       out_specs=q_tile,
-      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      out_shape=_out_struct(q.shape, q.dtype, q),
       compiler_params=plgpu.CompilerParams(num_warps=cfg.bwd_num_warps,
                                            num_stages=cfg.bwd_num_stages),
       interpret=plan.interpret,

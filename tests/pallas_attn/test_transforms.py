@@ -93,6 +93,13 @@ def test_shard_map_over_batch_and_heads(backend, segments, check_vma, request):
   """
   if backend == "xla":
     request.applymarker(pytest.mark.xfail(reason=_XLA_SHAPES, strict=False))
+  elif check_vma and jax.default_backend() != "gpu":
+    # The kernel's pallas_call declares varying outputs and aligns its operands' vma (ops.py),
+    # but JAX's Pallas HLO interpreter turns refs into non-varying scan carries and its own vma
+    # check rejects them ("Scan carry input and output got mismatched varying manual axes").
+    request.applymarker(pytest.mark.xfail(
+        raises=ValueError, strict=True,
+        reason="finding: jax 0.11.2 Pallas interpret mode fails shard_map(check_vma=True)"))
   devices = jax.devices()
   n_dev = 8 if len(devices) >= 8 else len(devices)
   db, dh = _mesh_shape(n_dev)
