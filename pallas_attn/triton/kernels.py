@@ -64,6 +64,17 @@ def _visit(lo, hi, body, carry, masked: bool):
   return lax.fori_loop(lo, hi, lambda j, c: body(j, c, masked), carry)
 
 
+def _visit_blocks(ranges_ref, num_blocks: int, body, carry, st: "Statics"):
+  """Runs ``body(j, carry, masked)`` over the blocks to visit: masked ones at the two ends of
+  ``[lo, hi)``, mask-free ones in ``[lo_full, hi_full)``; every block, mask-free, without masks."""
+  if not st.any_mask:
+    return _visit(0, num_blocks, body, carry, masked=False)
+  lo, lo_full, hi_full, hi = ranges_ref[0], ranges_ref[1], ranges_ref[2], ranges_ref[3]
+  carry = _visit(lo, lo_full, body, carry, masked=True)
+  carry = _visit(lo_full, hi_full, body, carry, masked=False)
+  return _visit(hi_full, hi, body, carry, masked=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
@@ -103,14 +114,7 @@ def fwd_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_re
   acc0 = jnp.zeros_like(q, dtype=jnp.float32)
   row0 = jnp.sum(acc0, axis=1)
   carry = (acc0, row0 - jnp.inf, row0)
-  if st.any_mask:
-    lo, lo_full, hi_full, hi = ranges_ref[0], ranges_ref[1], ranges_ref[2], ranges_ref[3]
-    carry = _visit(lo, lo_full, body, carry, masked=True)
-    carry = _visit(lo_full, hi_full, body, carry, masked=False)
-    carry = _visit(hi_full, hi, body, carry, masked=True)
-  else:
-    carry = _visit(0, num_k_blocks, body, carry, masked=False)
-  acc, m, l = carry
+  acc, m, l = _visit_blocks(ranges_ref, num_k_blocks, body, carry, st)
   # Deferred normalisation (FA2 Section 3.1.1): divide once at the end; empty rows give 0.
   seen = l > 0
   o_ref[...] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(o_ref.dtype)
@@ -174,14 +178,7 @@ def dkdv_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_r
   def per_head(g, carry):
     head = kv_head * st.groups + g
     step = lambda i, c, masked: body(i, c, masked, head)
-    if st.any_mask:
-      lo, lo_full, hi_full, hi = ranges_ref[0], ranges_ref[1], ranges_ref[2], ranges_ref[3]
-      carry = _visit(lo, lo_full, step, carry, masked=True)
-      carry = _visit(lo_full, hi_full, step, carry, masked=False)
-      carry = _visit(hi_full, hi, step, carry, masked=True)
-    else:
-      carry = _visit(0, num_q_blocks, step, carry, masked=False)
-    return carry
+    return _visit_blocks(ranges_ref, num_q_blocks, step, carry, st)
 
   zeros = jnp.zeros_like(k, dtype=jnp.float32)
   dk, dv = lax.fori_loop(0, st.groups, per_head, (zeros, zeros))
@@ -218,11 +215,5 @@ def dq_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref
     return dq + plgpu.dot(ds.astype(k.dtype), k, precision=st.precision)
 
   dq = jnp.zeros_like(q, dtype=jnp.float32)
-  if st.any_mask:
-    lo, lo_full, hi_full, hi = ranges_ref[0], ranges_ref[1], ranges_ref[2], ranges_ref[3]
-    dq = _visit(lo, lo_full, body, dq, masked=True)
-    dq = _visit(lo_full, hi_full, body, dq, masked=False)
-    dq = _visit(hi_full, hi, body, dq, masked=True)
-  else:
-    dq = _visit(0, num_k_blocks, body, dq, masked=False)
+  dq = _visit_blocks(ranges_ref, num_k_blocks, body, dq, st)
   dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
