@@ -156,3 +156,39 @@ def test_efficient_backward_uses_less_memory_than_autodiff():
                    compiler_options=FAST_COMPILE)
     temp[efficient] = grad.lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
   assert temp[True] < temp[False], temp
+
+
+# On CPU the Triton kernel runs in Pallas interpret mode, which jax 0.11.2 cannot run inside
+# shard_map(check_vma=True) (see tests/pallas_attn/test_transforms.py); on a GPU it is compiled.
+@pytest.mark.parametrize("implementation",
+                         ["xla"] + (["triton"] if jax.default_backend() == "gpu" else []))
+def test_ring_attention_bf16_within_ratio_rule(implementation):
+  """bf16, the FlashAttention ratio rule of TESTING.md (ref_hi: float32 HIGHEST; ref_lo: bf16)."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location(
+      "attn_harness", pathlib.Path(__file__).parents[1] / "pallas_attn" / "harness.py")
+  harness = importlib.util.module_from_spec(spec)
+  import sys
+  sys.modules["attn_harness"] = harness      # its dataclasses look their module up
+  spec.loader.exec_module(harness)
+
+  mesh = parallel.make_mesh(data=2, tensor=4)
+  q, k, v, ct = (x.astype(jnp.bfloat16) for x in qkv(t=64, h=16, seed=3))
+  ring = functools.partial(ring_attention, mesh=mesh, axis="tensor", causal=True,
+                           batch_axes="data", implementation=implementation)
+
+  def out_and_grads(fn, *args):
+    out, vjp = jax.vjp(fn, *args)
+    return (out,) + vjp(ct.astype(out.dtype))
+
+  ours = jax.jit(lambda *a: out_and_grads(ring, *a), compiler_options=FAST_COMPILE)(q, k, v)
+  ref = functools.partial(pallas_attn.reference.attention, causal=True)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  with jax.default_matmul_precision("highest"):
+    hi = out_and_grads(functools.partial(ref, precision=jax.lax.Precision.HIGHEST), *f32)
+  lo = out_and_grads(ref, q, k, v)
+  bad = []
+  for name, a, h, l in zip(("out", "dq", "dk", "dv"), ours, hi, lo):
+    bad += harness.ratio_rule_violations(name, a, h, l, "bfloat16")
+  assert not bad, "\n".join(bad)
