@@ -86,7 +86,6 @@ def kv_block_ranges(
   force masking everywhere (mask-free blocks would need equal ids, which we do not track).
   """
   nq = -(-seq_q // block_q)
-  nk = -(-seq_k // block_k)
   qb = jnp.arange(nq, dtype=jnp.int32)
   q_first = qb * block_q
   q_last = jnp.minimum(q_first + block_q, seq_q) - 1
@@ -129,7 +128,6 @@ def kv_block_ranges(
   hi = jnp.where(empty, 0, -(-hi_key // block_k))
   lo_full = jnp.clip(-(-lo_all // block_k), lo, hi)
   hi_full = jnp.clip(hi_all // block_k, lo_full, hi)
-  del nk
   return jnp.stack([lo, lo_full, hi_full, hi], axis=-1).astype(jnp.int32)
 
 

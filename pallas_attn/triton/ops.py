@@ -143,12 +143,11 @@ def _pad_blocks(r, nblocks):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _flash(q, k, v, ranges, kv_len, q_seg, kv_seg, plan):
-  out, lse, _ = _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan)
-  return out, lse
+  return _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan)
 
 
 def _flash_fwd(q, k, v, ranges, kv_len, q_seg, kv_seg, plan):
-  out, lse, _ = _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan)
+  out, lse = _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan)
   return (out, lse), (q, k, v, ranges, kv_len, q_seg, kv_seg, out, lse)
 
 
@@ -180,7 +179,7 @@ def _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan: _Plan):
       interpret=plan.interpret,
       name="flash_attention_fwd",
   )(None if ranges is None else ranges[0], kv_len, q_seg, kv_seg, q, k, v)
-  return out, lse, None
+  return out, lse
 
 
 def _flash_bwd(plan: _Plan, res, cotangents):
