@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Run test files compiled on the GPU machine, one pytest per file, each under its own timeout,
+# with a JUnit XML per file in $OUT so that a timeout still leaves the names of what ran.
+#
+#   bash benchmarks/run_gpu_tests.sh [-m MARKEXPR] FILE...      (env: WORKERS, FILE_TIMEOUT_S)
+#
+# Prints one summary line per file (passed/failed/errors/skipped from the XML) at the end.
+set -u
+OUT="${OUT:-/tmp/gpu_tests_out}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.." || exit 1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mark="not gpu"
+if [ "${1:-}" = "-m" ]; then mark="$2"; shift 2; fi
+for f in "$@"; do
+  name="$(basename "$f" .py)"
+  echo "=== $f  (-m \"$mark\", $(date +%T))"
+  timeout -k 5 "${FILE_TIMEOUT_S:-300}" python3 -m pytest -q --maxfail=30 -p no:cacheprovider \
+      -n "${WORKERS:-12}" -m "$mark" "$f" --junitxml="$OUT/$name.xml" -rfE 2>&1 \
+      | tail -60 | tee "$OUT/$name.log"
+done
+python3 - "$OUT" <<'PY'
+import glob, sys, xml.etree.ElementTree as ET
+for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
+  suite = ET.parse(path).getroot()
+  suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+  a = suite.attrib
+  print(f"{path.split('/')[-1]}: tests={a['tests']} failures={a['failures']} errors={a['errors']} "
+        f"skipped={a['skipped']} time={a['time']}")
+  for case in suite.iter("testcase"):
+    for bad in list(case.findall("failure")) + list(case.findall("error")):
+      print("   FAIL", case.attrib.get("classname"), case.attrib.get("name"),
+            (bad.attrib.get("message") or "")[:300].replace("\n", " "))
+PY
