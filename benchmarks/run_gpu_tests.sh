@@ -15,9 +15,9 @@ if [ "${1:-}" = "-m" ]; then mark="$2"; shift 2; fi
 for f in "$@"; do
   name="$(basename "$f" .py)"
   echo "=== $f  (-m \"$mark\", $(date +%T))"
-  timeout -k 5 "${FILE_TIMEOUT_S:-300}" python3 -m pytest -q --maxfail=30 -p no:cacheprovider \
+  timeout -k 5 "${FILE_TIMEOUT_S:-300}" python3 -m pytest -v --maxfail=30 -p no:cacheprovider \
       -n "${WORKERS:-12}" -m "$mark" "$f" --junitxml="$OUT/$name.xml" -rfE 2>&1 \
-      | tail -60 | tee "$OUT/$name.log"
+      | grep --line-buffered -v -i "warn" | tee "$OUT/$name.log"
 done
 python3 - "$OUT" <<'PY'
 import glob, sys, xml.etree.ElementTree as ET

@@ -25,7 +25,10 @@ _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 def _backend(name: str):
   if name == "xla":
     return _xla_backend
-  module = importlib.import_module(f"pallas_attn.{name}")
+  try:
+    module = importlib.import_module(f"pallas_attn.{name}")
+  except ImportError as e:  # a backend this install lacks cannot serve the call: fall through
+    raise NotImplementedError(f"pallas_attn.{name} does not import: {e}") from e
   return module.attention
 
 
@@ -36,7 +39,10 @@ def _xla_backend(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_s
     raise NotImplementedError("the xla backend takes no config")
   return reference.attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                              q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                             kv_lengths=kv_lengths, return_lse=return_lse, accumulate_f32=True)
+                             kv_lengths=kv_lengths, return_lse=return_lse, accumulate_f32=True,
+                             # float32 means float32: XLA:GPU's default precision is TF32 (1e-3).
+                             precision=(jax.lax.Precision.HIGHEST if q.dtype == jnp.float32
+                                        else None))
 
 
 def _on_gpu() -> bool:

@@ -217,3 +217,13 @@ def dq_kernel(ranges_ref, kv_len_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref
   dq = jnp.zeros_like(q, dtype=jnp.float32)
   dq = _visit_blocks(ranges_ref, num_k_blocks, body, dq, st)
   dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+
+
+def delta_kernel(do_ref, o_ref, dlse_ref, delta_ref):
+  """Backward pre-pass D_i = sum_h dO_ih O_ih - dlse_i for a [block_q, H] tile (FA2 Alg. 2 l. 4).
+
+  A kernel rather than an XLA einsum so that the reduction order is fixed by this code: XLA picks
+  other reduction tilings for other batch shapes, which broke vmap == unbatched (bitwise).
+  """
+  prod = do_ref[...].astype(jnp.float32) * o_ref[...].astype(jnp.float32)
+  delta_ref[...] = jnp.sum(prod, axis=1) - dlse_ref[...].astype(jnp.float32)

@@ -182,6 +182,23 @@ def _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan: _Plan):
   return out, lse
 
 
+def _delta(do, out, dlse, plan: _Plan):
+  """D = rowsum(dO * O) - dlse as [B, N, T] float32, by kernels.delta_kernel."""
+  bq = plan.cfg.block_q_dq
+  tile = pl.BlockSpec((None, bq, None, plan.head_dim), lambda i, b, n: (b, i, n, 0))
+  row = pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i))
+  return pl.pallas_call(
+      kernels.delta_kernel,
+      grid=(plan.seq_q // bq, plan.batch, plan.heads),
+      in_specs=[tile, tile, row],
+      out_specs=row,
+      out_shape=_out_struct((plan.batch, plan.heads, plan.seq_q), jnp.float32, out),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=plan.interpret,
+      name="flash_attention_delta",
+  )(do, out, dlse)
+
+
 def _flash_bwd(plan: _Plan, res, cotangents):
   q, k, v, ranges, kv_len, q_seg, kv_seg, out, lse = res
   do, dlse = cotangents
@@ -189,8 +206,7 @@ def _flash_bwd(plan: _Plan, res, cotangents):
   g = st.groups
   hp = plan.head_dim
   # Pre-pass D = rowsum(dO * O) (FA2 Alg. 2 line 4); a cotangent on lse adds to dS as -dlse.
-  delta = jnp.einsum("btnh,btnh->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
-  delta = delta - dlse.astype(jnp.float32)
+  delta = _delta(do, out, dlse, plan)
   lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * kernels.LOG2E)   # empty rows: P = 0
   do = do.astype(q.dtype)
 

@@ -273,7 +273,9 @@ def _reference(case: Case, hi: bool, q, k, v, do, dlse, qs, ks, lens):
   if hi:
     q, k, v, do = (a.astype(jnp.float32) for a in (q, k, v, do))
   fn = functools.partial(reference.attention, return_lse=True,
-                         precision=jax.lax.Precision.HIGHEST if hi else None,
+                         # ref_lo in float32 is float32 arithmetic, not XLA:GPU's TF32 default.
+                         precision=(jax.lax.Precision.HIGHEST
+                                    if hi or case.dtype == "float32" else None),
                          **_static_kwargs(case))
   # The reference always returns lse; without return_lse the kernel gets no lse cotangent.
   dlse = dlse if case.return_lse else jnp.zeros_like(dlse)

@@ -20,6 +20,10 @@ _XLA_FUSION = ("finding: the xla backend (jnp reference) differs from its own ea
                "(float32 out/grads, a few bf16 grads): XLA fuses exp/dots differently under jit")
 
 
+_XLA_SHAPES = ("finding: the xla backend (jnp reference einsums) is not bitwise stable across "
+               "batch/head counts in float32: XLA picks other dot tilings for the per-shard shapes")
+
+
 @H.per_backend
 @pytest.mark.parametrize("case", [CASE], ids=lambda c: c.id)
 def test_jit_matches_eager(backend, case, request):
@@ -60,8 +64,12 @@ def _as_dict(res):
 
 @H.per_backend
 @pytest.mark.parametrize("case", [CASE], ids=lambda c: c.id)
-def test_vmap_over_extra_axis(backend, case):
+def test_vmap_over_extra_axis(backend, case, request):
   """vmap over a leading axis of 3 stacked problems == each problem alone."""
+  if backend == "xla" and jax.default_backend() == "gpu":
+    # Seen on the H200: 1 of 36864 bf16 dq elements differs; cuBLAS picks another algorithm for
+    # the batched shape. The Pallas backends fix their reduction orders in the kernels.
+    request.applymarker(pytest.mark.xfail(reason=_XLA_SHAPES, strict=False))
   xs = [H.make_inputs(case.replace(seed=case.seed + 10 * e)) for e in range(3)]
   stack = lambda name: (None if getattr(xs[0], name) is None
                         else jnp.stack([getattr(x, name) for x in xs]))
@@ -76,9 +84,6 @@ def test_vmap_over_extra_axis(backend, case):
     H.assert_bitwise({k: v[e] for k, v in batched.items()}, alone,
                      f"{backend} vmap slice {e} vs unbatched")
 
-
-_XLA_SHAPES = ("finding: the xla backend (jnp reference einsums) is not bitwise stable across "
-               "batch/head counts in float32: XLA picks other dot tilings for the per-shard shapes")
 
 
 def _mesh_shape(n_dev: int) -> tuple[int, int]:
