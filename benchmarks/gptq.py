@@ -361,9 +361,17 @@ def main(argv=None) -> dict[str, Any]:
   ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting layers after this")
   ap.add_argument("--impls", default="triton,xla",
                   help="our implementations to time (quant.gptq(implementation=...))")
+  ap.add_argument("--layers", default=None,
+                  help="comma-separated OUTxIN layers to run (default: all of the grid)")
   args = ap.parse_args(argv)
 
   layers = SMALL_LAYERS if args.small else LAYERS
+  if args.layers:
+    wanted = {tuple(int(d) for d in item.split("x")) for item in args.layers.split(",")}
+    unknown = wanted - set(layers)
+    if unknown:
+      ap.error(f"--layers: {sorted(unknown)} not in the grid {layers}")
+    layers = tuple(layer for layer in layers if layer in wanted)
   tokens, batch = (4096, 1024) if args.small else (262_144, 2048)
   iters = args.iters or (2 if args.small else 5)
   peer_iters = args.peer_iters or (1 if args.small else 3)

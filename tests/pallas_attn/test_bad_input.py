@@ -109,6 +109,9 @@ def test_dispatch_order():
 
 def test_xla_backend_ignores_interpret_and_equals_reference():
   q, kv = _arr((2, 10, 4, 32)), _arr((2, 12, 2, 32), seed=1)
-  ref = reference.attention(q, kv, kv, causal=True)
+  # The xla backend is the reference with float32 products kept in float32 (and, for float32
+  # inputs, HIGHEST precision: XLA:GPU would otherwise use TF32).
+  ref = reference.attention(q, kv, kv, causal=True, accumulate_f32=True,
+                            precision=jax.lax.Precision.HIGHEST)
   got = flash_attention(q, kv, kv, causal=True, implementation="xla", interpret=True)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
