@@ -67,6 +67,48 @@ def _pow2(n: int, floor: int = 16) -> int:
 def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segment_ids,
               kv_lengths, return_lse, config, interpret):
   """Triton backend entry point (called by ``pallas_attn.api.flash_attention``)."""
+  plan, args, ranges = _prepare(q, k, v, causal=causal, scale=scale, window=window,
+                                softcap=softcap, q_segment_ids=q_segment_ids,
+                                kv_segment_ids=kv_segment_ids, kv_lengths=kv_lengths,
+                                config=config, interpret=interpret)
+  qp, kp, vp, kv_len2d, q_seg, kv_seg = args
+  out, lse = _flash(qp, kp, vp, ranges, kv_len2d, q_seg, kv_seg, plan)
+  t, h = q.shape[1], q.shape[3]
+  out = out[:, :t, :, :h]
+  lse = lse[:, :, :t]
+  return (out, lse) if return_lse else out
+
+
+def backward(q, k, v, out, lse, do, dlse, *, causal, scale, window, softcap, q_segment_ids,
+             kv_segment_ids, kv_lengths, config=None, interpret=False):
+  """dQ, dK, dV of attention from saved (out, lse): the FA2 backward kernels on their own.
+
+  Used by backends whose forward differs (the Mosaic GPU forward saves the same residuals:
+  out [B, T, N, H] and lse [B, N, T] in natural log). ``dlse`` may be None.
+  """
+  plan, args, ranges = _prepare(q, k, v, causal=causal, scale=scale, window=window,
+                                softcap=softcap, q_segment_ids=q_segment_ids,
+                                kv_segment_ids=kv_segment_ids, kv_lengths=kv_lengths,
+                                config=config, interpret=interpret)
+  qp, kp, vp, kv_len2d, q_seg, kv_seg = args
+  t, h = q.shape[1], q.shape[3]
+  pad_rows = ((0, 0), (0, plan.seq_q - t), (0, 0), (0, plan.head_dim - h))
+  outp = jnp.pad(out, pad_rows)
+  dop = jnp.pad(do.astype(q.dtype), pad_rows)
+  # Padding rows: lse = -inf makes their P zero; their dO and dlse are zero.
+  lsep = jnp.pad(lse.astype(jnp.float32), ((0, 0), (0, 0), (0, plan.seq_q - t)),
+                 constant_values=-jnp.inf)
+  dlsep = (jnp.zeros_like(lsep) if dlse is None else
+           jnp.pad(dlse.astype(jnp.float32), ((0, 0), (0, 0), (0, plan.seq_q - t))))
+  res = (qp, kp, vp, ranges, kv_len2d, q_seg, kv_seg, outp, lsep)
+  dq, dk, dv, *_ = _flash_bwd(plan, res, (dop, dlsep))
+  s = k.shape[1]
+  return dq[:, :t, :, :h], dk[:, :s, :, :h], dv[:, :s, :, :h]
+
+
+def _prepare(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segment_ids,
+             kv_lengths, config, interpret):
+  """Plan (tiles, statics), padded operands and block ranges of one call."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
   if h > MAX_HEAD_DIM:
@@ -113,11 +155,7 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   if axes:
     args = _match_vma(args, axes)
     ranges = None if ranges is None else tuple(_match_vma(ranges, axes))
-  qp, kp, vp, kv_len2d, q_seg, kv_seg = args
-  out, lse = _flash(qp, kp, vp, ranges, kv_len2d, q_seg, kv_seg, plan)
-  out = out[:, :t, :, :h]
-  lse = lse[:, :, :t]
-  return (out, lse) if return_lse else out
+  return plan, args, ranges
 
 
 def _block_ranges(plan: _Plan, *, seq_q, seq_k, kv_len, q_seg, kv_seg):

@@ -1,0 +1,50 @@
+"""Tuning knobs of the Mosaic GPU FlashAttention-3 forward kernel: one frozen Config."""
+from __future__ import annotations
+
+import dataclasses
+
+HEAD_DIMS = (64, 128, 192, 256)    # native head dims (multiples of 64: one 128-byte swizzle row)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Tile sizes of the forward kernel; hashable so it can be a static jit argument.
+
+  Attributes:
+    block_q: query rows per consumer warpgroup (a CTA holds two: 2 * block_q rows). wgmma's M is
+      64 per warpgroup, so 64 or 128.
+    block_kv: keys per pipeline step (wgmma N of S = Q K^T, K of O += P V): 64, 128 or 256.
+    num_stages: depth of the K/V shared-memory ring the producer warpgroup fills with TMA.
+  """
+  block_q: int = 64
+  block_kv: int = 128
+  num_stages: int = 2
+
+  def __post_init__(self):
+    if self.block_q not in (64, 128):
+      raise ValueError(f"Config.block_q must be 64 or 128, got {self.block_q}")
+    if self.block_kv not in (64, 128, 256):
+      raise ValueError(f"Config.block_kv must be 64, 128 or 256, got {self.block_kv}")
+    if not 2 <= self.num_stages <= 4:
+      raise ValueError(f"Config.num_stages must be in [2, 4], got {self.num_stages}")
+
+
+def padded_head_dim(head_dim: int) -> int:
+  """Smallest native head dim >= head_dim (the rest is zero padding)."""
+  for h in HEAD_DIMS:
+    if head_dim <= h:
+      return h
+  raise NotImplementedError(f"mosaic backend supports head_dim <= {HEAD_DIMS[-1]}, got {head_dim}")
+
+
+def default_config(*, head_dim: int, seq_k: int) -> Config:
+  """Heuristic defaults (to be replaced by H200 measurements; see benchmarks/NOTES.md).
+
+  The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
+  tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
+  would not fit next to O, so the K/V step shrinks to 64 keys. Short key sequences take 64-key
+  blocks so the padding stays small.
+  """
+  hp = padded_head_dim(head_dim)
+  block_kv = 64 if hp > 128 or seq_k <= 64 else 128
+  return Config(block_q=64, block_kv=block_kv, num_stages=2)

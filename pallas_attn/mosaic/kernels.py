@@ -1,0 +1,290 @@
+"""FlashAttention-3 forward kernel body for the Pallas Mosaic GPU backend (Hopper, sm90).
+
+One CTA computes ``2 * block_q`` query rows of one (batch, head) with three warpgroups
+(FA3, Shah et al. 2024, Section 3.1):
+
+* warpgroup 2, the *producer*, issues TMA copies of the K/V blocks the tile can see into a ring of
+  ``num_stages`` shared-memory slots; a slot is refilled once both consumers have released it
+  (``k_free`` / ``v_free`` barriers, two arrivals each);
+* warpgroups 0 and 1, the *consumers*, each own ``block_q`` rows. Per K/V block: S = Q K^T with
+  wgmma (Q and K in SMEM), mask, online softmax in registers (exp2 with the scale folded in), then
+  O += P V with wgmma. A shared ``schedule`` barrier makes the two consumers take turns on the
+  tensor cores, so one warpgroup's softmax overlaps the other's matmuls (FA3 "ping-pong",
+  Section 3.1, Fig. 1).
+
+Online softmax (FA2 Alg. 1 / FA3 Alg. 1), base 2: with s = log2(e) * scale * q.k,
+  m_j = max(m_{j-1}, rowmax(S_j)),  P_j = 2^(S_j - m_j),  l_j = 2^(m_{j-1} - m_j) l_{j-1} + rowsum(P_j),
+  O_j = 2^(m_{j-1} - m_j) O_{j-1} + P_j V_j;  out = O / l,  lse = (m + log2 l) ln 2.
+Normalisation is deferred to the end; rows that see no key give out = 0 and lse = -inf.
+
+Two forms of the P V step (``Statics.registers_pv``):
+* compiled (True): P stays in registers as wgmma's A operand and O is rescaled and accumulated in
+  place in the wgmma accumulator (``pl.run_state`` with ``plgpu.ACC.init``), as FA3 does;
+* interpret mode (False): JAX 0.11.2's Mosaic GPU interpreter has neither register operands for
+  wgmma nor ``run_state`` accumulators, so P goes through shared memory and each block's P V
+  lands in a fresh accumulator that is added to O in registers. Same maths, same masks, same
+  pipeline and barriers; only where P and O live differs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_attn import masks
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+COMPUTE_WGS = 2          # consumer warpgroups per CTA; warpgroup COMPUTE_WGS is the producer
+META_LEN = 8             # per-tile int32 metadata: lo, lo_full, hi_full, hi, kv_len, 0, 0, 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Statics:
+  """Static parameters of one forward kernel (hashable)."""
+  scale: float
+  softcap: float | None
+  spec: masks.MaskSpec
+  has_kv_len: bool
+  has_segments: bool
+  groups: int                   # query heads per K/V head
+  block_q: int                  # rows per consumer warpgroup
+  block_kv: int
+  num_stages: int
+  num_kv_blocks: int            # padded S / block_kv
+  registers_pv: bool
+
+  @property
+  def any_mask(self) -> bool:
+    return (not self.spec.is_trivial) or self.has_kv_len or self.has_segments
+
+
+def _logits2(s, st: Statics):
+  """q.k -> base-2 logits with the scale (and softcap) folded in."""
+  if st.softcap is None:
+    return s * (st.scale * LOG2E)
+  return jnp.tanh(s * (st.scale / st.softcap)) * (st.softcap * LOG2E)
+
+
+def _mask(q_start, k_start, kv_len, q_seg, kv_seg, st: Statics):
+  """Visibility of a [block_q, block_kv] tile, in the wgmma accumulator layout."""
+  shape = (st.block_q, st.block_kv)
+  q_pos = q_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+  k_pos = k_start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+  mask = masks.position_mask(q_pos, k_pos, st.spec)
+  if st.has_kv_len:
+    mask = masks.and_masks(mask, k_pos < kv_len)
+  if st.has_segments:
+    mask = masks.and_masks(mask, lax.broadcast_in_dim(q_seg, shape, [0])
+                           == lax.broadcast_in_dim(kv_seg, shape, [1]))
+  return mask
+
+
+def fwd_kernel(*refs, st: Statics, has_meta: bool):
+  """Kernel body; ``refs`` = inputs (q, k, v[, meta][, q_seg, kv_seg]), outputs (o, lse), scratch."""
+  refs = list(refs)
+  q_ref, k_ref, v_ref = refs[:3]
+  pos = 3
+  meta_ref = q_seg_ref = kv_seg_ref = None
+  if has_meta:
+    meta_ref, pos = refs[pos], pos + 1
+  if st.has_segments:
+    q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
+  o_ref, lse_ref = refs[pos], refs[pos + 1]
+  smem, bars = refs[pos + 2], refs[pos + 3]
+  _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, smem, bars, st)
+
+
+def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, smem, bars,
+          st: Statics):
+  qo_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2 = smem
+  (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, schedule) = bars
+  batch = lax.axis_index("batch")
+  head = lax.axis_index("heads")
+  tile = lax.axis_index("q_seq")
+  wg = lax.axis_index("wg")
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+
+  # Which K/V blocks this CTA visits: [lo, hi) from the per-tile metadata (masks.kv_block_ranges
+  # on 2*block_q rows), or every block when nothing is masked.
+  if meta_ref is not None:
+    @pl.when(wg == COMPUTE_WGS)
+    def _():
+      plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
+    plgpu.barrier_wait(meta_ready.at[0])
+    lo, lo_full, hi_full, hi = meta_smem[0], meta_smem[1], meta_smem[2], meta_smem[3]
+    kv_len = meta_smem[4]
+  else:
+    lo, lo_full, hi_full, hi = 0, 0, st.num_kv_blocks, st.num_kv_blocks
+    kv_len = None
+  lo, lo_full, hi_full, hi = (jnp.asarray(x, jnp.int32) for x in (lo, lo_full, hi_full, hi))
+  num_steps = hi - lo
+
+  def schedule_barrier():
+    plgpu.barrier_arrive(schedule)
+    plgpu.barrier_wait(schedule)
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _consumer():
+    plgpu.set_max_registers(232, action="increase")
+    qo_smem = qo_smem2.at[wg]
+    q_start = tile * (COMPUTE_WGS * bq) + wg * bq
+    plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_start, bq), head], qo_smem, q_ready.at[wg])
+    q_seg = None
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(q_start, bq)], qseg_smem2.at[wg],
+                              q_ready.at[COMPUTE_WGS + wg])
+      plgpu.barrier_wait(q_ready.at[COMPUTE_WGS + wg])
+      q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+    plgpu.barrier_wait(q_ready.at[wg])
+
+    row = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+    acc = plgpu.layout_cast(jnp.full((bq, qo_smem.shape[-1]), 0.0, jnp.float32),
+                            plgpu.Layout.WGMMA)
+    carry = (acc, row - jnp.inf, row)
+
+    # Consumer 1 starts one turn late: from then on the two alternate on the tensor cores.
+    pl.when(wg == 1)(schedule_barrier)
+
+    def step(j, carry, masked: bool):
+      acc, m_prev, l_prev = carry
+      i = j - lo
+      slot = lax.rem(i, stages)
+      plgpu.barrier_wait(k_ready.at[slot])
+
+      def qk(acc_ref):
+        plgpu.wgmma(acc_ref, qo_smem, k_smem.at[slot].transpose((1, 0)))
+        schedule_barrier()                        # let the other consumer issue its matmuls
+        return acc_ref[...]
+      s = _logits2(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), st)
+      if st.has_segments:
+        # Waited on every step, masked or not: a barrier's phase advances once per fill.
+        plgpu.barrier_wait(seg_ready.at[slot])
+      if masked:
+        kv_seg = None
+        if st.has_segments:
+          kv_seg = plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+        mask = _mask(q_start, j * bkv, kv_len, q_seg, kv_seg, st)
+        s = jnp.where(mask, s, -jnp.inf)
+      plgpu.barrier_arrive(k_free.at[slot])
+
+      m_new = jnp.maximum(m_prev, s.max(axis=1))
+      # Rows that have seen no visible key keep m = -inf: subtract 0 then (no -inf - -inf).
+      m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+      alpha = jnp.exp2(m_prev - m_use)
+      p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
+      l_new = l_prev * alpha + p.sum(axis=1)
+      p16 = p.astype(qo_smem.dtype)
+      alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+      plgpu.barrier_arrive(schedule)              # softmax done: wait for our tensor-core turn
+      plgpu.barrier_wait(v_ready.at[slot])
+      plgpu.barrier_wait(schedule)
+      if st.registers_pv:
+        def pv(acc_ref):
+          plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+        acc = pl.run_state(pv)(plgpu.ACC.init(acc * alpha_o))
+      else:
+        p_smem = p_smem2.at[wg]
+        p_smem[...] = p16
+        plgpu.commit_smem()                       # make the register stores visible to wgmma
+
+        def pv(acc_ref):
+          plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+          return acc_ref[...]
+        acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+      plgpu.barrier_arrive(v_free.at[slot])
+      return acc, m_new, l_new
+
+    if st.any_mask:
+      carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
+      carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
+      carry = lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
+    else:
+      carry = lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
+    acc, m, l = carry
+    # Keep the schedule balanced: consumer 0 takes the turn consumer 1 skipped at the start.
+    pl.when(wg == 0)(schedule_barrier)
+
+    seen = l > 0
+    l_safe = jnp.where(seen, l, 1.0)
+    out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
+    qo_smem[...] = out.astype(qo_smem.dtype)
+    lse_smem2.at[wg][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(qo_smem, o_ref.at[batch, pl.ds(q_start, bq), head])
+    plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+    kv_head = lax.div(head, jnp.int32(st.groups))
+
+    def fetch(i):
+      slot = lax.rem(i, stages)
+      rows = pl.ds((lo + i) * bkv, bkv)
+      plgpu.copy_gmem_to_smem(k_ref.at[batch, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[batch, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
+      if st.has_segments:
+        plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, rows], kvseg_smem.at[slot],
+                                seg_ready.at[slot])
+
+    @pl.loop(0, jnp.minimum(num_steps, stages))
+    def _prologue(i):
+      fetch(i)
+
+    @pl.loop(stages, jnp.maximum(num_steps, stages))
+    def _steady(i):
+      slot = lax.rem(i, stages)
+      plgpu.barrier_wait(k_free.at[slot])       # both consumers are done with step i - stages
+      plgpu.barrier_wait(v_free.at[slot])
+      fetch(i)
+
+    # Observe the releases of the last slots too, so that every barrier phase is waited on
+    # before the barriers go away (the interpreter checks this; on the GPU it costs nothing).
+    @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
+    def _drain(i):
+      slot = lax.rem(i, stages)
+      plgpu.barrier_wait(k_free.at[slot])
+      plgpu.barrier_wait(v_free.at[slot])
+
+
+def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
+  """Shared-memory buffers and barriers of ``fwd_kernel`` (order matters: see ``_body``)."""
+  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  smem = (
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled),       # Q, then O
+      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
+      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # V ring
+      plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),                             # lse
+      plgpu.SMEM((META_LEN,), jnp.int32) if has_meta else None,
+      plgpu.SMEM((COMPUTE_WGS, bq), jnp.int32) if st.has_segments else None,  # q segment ids
+      plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,      # kv segment ring
+      None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bq, bkv), dtype, transforms=tiled),
+  )
+  bars = (
+      plgpu.Barrier(num_barriers=stages),                                 # k_ready
+      plgpu.Barrier(num_barriers=stages),                                 # v_ready
+      plgpu.Barrier(num_barriers=stages),                                 # seg_ready
+      plgpu.Barrier(num_barriers=2 * COMPUTE_WGS),                        # q_ready (+ q seg)
+      plgpu.Barrier(num_barriers=1),                                      # meta_ready
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),       # k_free
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),       # v_free
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS),                            # schedule
+  )
+  return smem, bars
+
+
+def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
+  """Shared memory of one CTA (the H100/H200 limit is 227 KB)."""
+  tiles = COMPUTE_WGS * st.block_q * head_dim + 2 * st.num_stages * st.block_kv * head_dim
+  if not st.registers_pv:
+    tiles += COMPUTE_WGS * st.block_q * st.block_kv
+  return tiles * itemsize + COMPUTE_WGS * st.block_q * 8 + st.num_stages * st.block_kv * 4 + 1024
