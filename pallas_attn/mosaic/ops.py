@@ -33,6 +33,7 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   head dims over 256, a foreign config, a tile set over shared memory, or when not on a Hopper GPU
   and not in interpret mode.
   """
+  hp = padded_head_dim(q.shape[-1])                 # NotImplementedError over 256
   if q.dtype not in _DTYPES:
     raise NotImplementedError(f"mosaic backend takes bfloat16/float16, got {q.dtype} (wgmma on "
                               "float32 would round to TF32)")
@@ -40,7 +41,6 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
     raise NotImplementedError("mosaic backend needs a Hopper GPU (sm90) or interpret=True")
   b, t, n, h = q.shape
   s = k.shape[1]
-  hp = padded_head_dim(h)
   if config is None:
     cfg = default_config(head_dim=h, seq_k=s)
   elif isinstance(config, Config):
@@ -134,6 +134,11 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     inputs.append(jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, tq - t)), constant_values=-1))
     inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, tk - s)), constant_values=-2))
 
+  # Inside shard_map(check_vma=True) the outputs must vary over q's mesh axes, and every operand
+  # over the same ones (as in the Triton backend).
+  axes = frozenset().union(*(triton_ops._vma(x) for x in inputs))
+  if axes:
+    inputs = triton_ops._match_vma(inputs, axes)
   smem_types, bar_types = kernels.scratch_types(st=st, head_dim=hp, dtype=q.dtype,
                                                 has_meta=has_meta)
   out, lse = plgpu.kernel(
@@ -148,4 +153,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )(*inputs)
+  if axes:
+    # plgpu.kernel traces its body with the vma check off and returns non-varying types: mark the
+    # outputs as varying like the inputs they are computed from.
+    out, lse = triton_ops._match_vma([out, lse], axes)
   return out[:, :t, :, :h], lse[:, :, :t]

@@ -98,6 +98,13 @@ def test_shard_map_over_batch_and_heads(backend, segments, check_vma, request):
   """
   if backend == "xla":
     request.applymarker(pytest.mark.xfail(reason=_XLA_SHAPES, strict=False))
+  elif backend == "mosaic" and jax.default_backend() != "gpu":
+    # JAX 0.11.2's Mosaic GPU interpreter simulates one device's shared memory: run on the 8
+    # simulated devices of a mesh it fails its own bookkeeping ("Barrier remains allocated");
+    # with check_vma=True the Triton backward's interpreter fails first (TypeError, see below).
+    request.applymarker(pytest.mark.xfail(
+        raises=(jax.errors.JaxRuntimeError, TypeError), strict=True,
+        reason="finding: jax 0.11.2 Mosaic GPU interpret mode does not run under shard_map"))
   elif check_vma and jax.default_backend() != "gpu":
     # The kernel's pallas_call declares varying outputs and aligns its operands' vma (ops.py),
     # but JAX's Pallas HLO interpreter turns refs into non-varying scan carries and its own vma
@@ -113,7 +120,8 @@ def test_shard_map_over_batch_and_heads(backend, segments, check_vma, request):
   mesh = Mesh(np.array(devices[: db * dh]).reshape(db, dh), ("batch", "heads"))
   case = Case(t=40, s=56, h=32, b=2 * db, n=2 * dh, kh=dh, causal=not segments,
               segments=3 if segments else 0,
-              kv_lengths=tuple(56 - 9 * i for i in range(2 * db)), dtype="float32", seed=5)
+              kv_lengths=tuple(56 - 9 * i for i in range(2 * db)),
+              dtype="bfloat16" if backend == "mosaic" else "float32", seed=5)
   x = H.make_inputs(case)
   names = ("q", "k", "v", "do", "dlse", "q_segment_ids", "kv_segment_ids", "kv_lengths")
   args = [getattr(x, n) for n in names]
