@@ -1,0 +1,82 @@
+"""Mosaic GPU backend: Config validation, heuristics, and lowering of the compiled kernel form.
+
+The shared suite (test_attention.py etc.) runs the kernel in Mosaic GPU interpret mode, which
+uses the shared-memory form of the P V step. The form compiled for the GPU (P in registers, O
+accumulated in place) is lowered here, on CPU, to Mosaic GPU MLIR for sm90: that catches layout,
+barrier and shape errors without a GPU.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_attn import flash_attention
+from pallas_attn.mosaic import Config, default_config, kernels, ops
+from pallas_attn.mosaic.config import padded_head_dim
+
+
+@pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 96), ("num_stages", 1),
+                                         ("num_stages", 5)])
+def test_config_rejects_bad_values(field, value):
+  with pytest.raises(ValueError, match=field):
+    Config(**{field: value})
+
+
+@pytest.mark.parametrize("h,want", [(32, 64), (64, 64), (72, 128), (128, 128), (192, 192),
+                                    (200, 256), (256, 256)])
+def test_padded_head_dim(h, want):
+  assert padded_head_dim(h) == want
+
+
+def test_head_dim_over_256_is_not_implemented():
+  with pytest.raises(NotImplementedError, match="head_dim"):
+    padded_head_dim(320)
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_default_config_fits_shared_memory(h):
+  cfg = default_config(head_dim=h, seq_k=4096)
+  st = kernels.Statics(scale=1.0, softcap=None, spec=ops.masks.MaskSpec(None, None, 0),
+                       has_kv_len=False, has_segments=False, groups=1, block_q=cfg.block_q,
+                       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=32,
+                       registers_pv=True)
+  assert kernels.smem_bytes(st=st, head_dim=padded_head_dim(h), itemsize=2) <= ops.SMEM_LIMIT_BYTES
+
+
+def test_float32_is_not_implemented_so_dispatch_falls_back():
+  q = jnp.zeros((1, 8, 2, 64), jnp.float32)
+  with pytest.raises(NotImplementedError, match="float32"):
+    flash_attention(q, q, q, implementation="mosaic")
+
+
+def test_foreign_config_is_not_implemented():
+  from pallas_attn import triton
+  q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
+  with pytest.raises(NotImplementedError, match="config"):
+    flash_attention(q, q, q, implementation="mosaic", config=triton.Config(), interpret=True)
+
+
+LOWER_CASES = [
+    (64, dict()),
+    (128, dict(causal=True)),
+    (128, dict(window=(100, 0), softcap=30.0, segments=True, kv_lengths=True)),
+    (256, dict(causal=True, kv_lengths=True)),
+]
+
+
+@pytest.mark.parametrize("h,kw", LOWER_CASES, ids=lambda x: str(x))
+def test_compiled_form_lowers_for_sm90(h, kw):
+  b, t, s, n, kh = 2, 1000, 1000, 4, 2
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((b, s, kh, h), jnp.bfloat16)
+  ids = (jax.ShapeDtypeStruct((b, t), jnp.int32), jax.ShapeDtypeStruct((b, s), jnp.int32))
+  qs, ks = ids if kw.get("segments") else (None, None)
+  lens = jax.ShapeDtypeStruct((b,), jnp.int32) if kw.get("kv_lengths") else None
+  fwd = functools.partial(
+      ops._forward, causal=kw.get("causal", False), scale=h ** -0.5, window=kw.get("window"),
+      softcap=kw.get("softcap"), cfg=default_config(head_dim=h, seq_k=s), hp=padded_head_dim(h),
+      interpret=False)
+  lowered = jax.jit(fwd).trace(q, k, k, qs, ks, lens).lower(lowering_platforms=("cuda",))
+  text = lowered.as_text()
+  assert "mosaic_gpu" in text                        # one Mosaic GPU custom call
