@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic import kernels
+from pallas_attn.mosaic import autotune, kernels
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.triton import ops as triton_ops
 
@@ -42,7 +42,9 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   b, t, n, h = q.shape
   s = k.shape[1]
   if config is None:
-    cfg = default_config(head_dim=h, seq_k=s)
+    # A winner of autotune.tune for this problem class, else the heuristic.
+    cfg = (autotune.lookup(head_dim=h, seq_k=s, causal=causal, dtype=q.dtype)
+           or default_config(head_dim=h, seq_k=s))
   elif isinstance(config, Config):
     cfg = config
   else:

@@ -1,0 +1,61 @@
+"""mosaic.autotune: search, JSON cache, lookup (interpret mode, tiny problem, injected timer)."""
+import json
+
+import jax.numpy as jnp
+import pytest
+
+from pallas_attn.mosaic import Config, autotune
+
+SPACE = (Config(block_q=64, block_kv=64, num_stages=2), Config(block_q=64, block_kv=128,
+                                                               num_stages=2))
+
+
+def test_tune_picks_fastest_and_lookup_reads_it(tmp_path):
+  path = str(tmp_path / "tune.json")
+  calls = []
+
+  def timer(fn, iterations):
+    out = fn()                                        # really runs the kernel (interpret mode)
+    assert out.shape == (1, 64, 2, 64) and bool(jnp.all(jnp.isfinite(out)))
+    calls.append(iterations)
+    return 2.0 if len(calls) == 1 else 1.0           # the second config is "faster"
+
+  best = autotune.tune(batch=1, seq_q=64, seq_k=100, heads=2, kv_heads=1, head_dim=64,
+                       causal=True, space=SPACE, iterations=3, path=path, interpret=True,
+                       timer=timer)
+  assert best == SPACE[1] and calls == [3, 3]
+  with open(path) as f:
+    cache = json.load(f)
+  key = autotune.problem_key(head_dim=64, seq_k=100, causal=True, dtype=jnp.bfloat16)
+  assert key == "h64-s128-causal-bfloat16" and cache[key]["ms"] == 1.0
+  # Same bucket (S in (64, 128]) and class: found; other classes: not.
+  assert autotune.lookup(head_dim=50, seq_k=128, causal=True, dtype=jnp.bfloat16,
+                         path=path) == SPACE[1]
+  assert autotune.lookup(head_dim=64, seq_k=100, causal=False, dtype=jnp.bfloat16,
+                         path=path) is None
+  assert autotune.lookup(head_dim=64, seq_k=100, causal=True, dtype=jnp.bfloat16,
+                         path=str(tmp_path / "missing.json")) is None
+
+
+def test_tune_skips_failing_configs_and_errors_when_none_run(tmp_path):
+  def timer(fn, iterations):
+    raise RuntimeError("does not compile")
+
+  with pytest.raises(ValueError, match="no Config"):
+    autotune.tune(batch=1, seq_q=64, seq_k=64, heads=2, kv_heads=1, head_dim=64, space=SPACE,
+                  path=str(tmp_path / "t.json"), interpret=True, timer=timer)
+
+
+@pytest.mark.parametrize("name", ["batch", "seq_q", "head_dim", "iterations"])
+def test_tune_rejects_non_positive_sizes(name, tmp_path):
+  kw = dict(batch=1, seq_q=64, seq_k=64, heads=2, kv_heads=1, head_dim=64, iterations=2)
+  kw[name] = 0
+  with pytest.raises(ValueError, match=name):
+    autotune.tune(**kw, path=str(tmp_path / "t.json"), interpret=True)
+
+
+def test_corrupt_cache_is_ignored(tmp_path):
+  path = tmp_path / "bad.json"
+  path.write_text("{not json")
+  assert autotune.lookup(head_dim=64, seq_k=64, causal=False, dtype=jnp.bfloat16,
+                         path=str(path)) is None
