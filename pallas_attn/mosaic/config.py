@@ -15,16 +15,24 @@ class Config:
       64 per warpgroup, so 64 or 128.
     block_kv: keys per pipeline step (wgmma N of S = Q K^T, K of O += P V): 64, 128 or 256.
     num_stages: depth of the K/V shared-memory ring the producer warpgroup fills with TMA.
+    bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
+      step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
+      dK/dV consumer holds two fp32 [block_kv, H] accumulators.
   """
   block_q: int = 64
   block_kv: int = 128
   num_stages: int = 2
+  bwd_block_q: int = 64
+  bwd_block_kv: int = 64
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
       raise ValueError(f"Config.block_q must be 64 or 128, got {self.block_q}")
     if self.block_kv not in (64, 128, 256):
       raise ValueError(f"Config.block_kv must be 64, 128 or 256, got {self.block_kv}")
+    for f in ("bwd_block_q", "bwd_block_kv"):
+      if getattr(self, f) not in (64, 128):
+        raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
     if not 2 <= self.num_stages <= 4:
       raise ValueError(f"Config.num_stages must be in [2, 4], got {self.num_stages}")
 

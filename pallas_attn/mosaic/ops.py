@@ -1,8 +1,8 @@
 """``plgpu.kernel`` wrapper, padding and custom VJP of the Mosaic GPU (FlashAttention-3) backend.
 
-Forward: ``kernels.fwd_kernel`` (TMA ring + two ping-ponging wgmma consumers). Backward, for now:
-the FlashAttention-2 kernels of the Triton backend on the same residuals (out, lse), through
-``pallas_attn.triton.ops.backward``; a Mosaic GPU backward is the next step (benchmarks/NOTES.md).
+Forward: ``kernels.fwd_kernel`` (TMA ring + two ping-ponging wgmma consumers). Backward:
+``backward.dq_kernel`` and ``backward.dkdv_kernel`` (wgmma, deterministic GQA sums); at head dims
+whose dK/dV tiles exceed shared memory (over 128), the Triton FA2 kernels on the same residuals.
 """
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.experimental.pallas import triton as plgpu_triton
 
 from pallas_attn import masks
-from pallas_attn.mosaic import autotune, kernels
+from pallas_attn.mosaic import autotune, backward, kernels
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
+from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
 SMEM_LIMIT_BYTES = 227 * 1024
@@ -53,6 +56,7 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
     # Keys past a row's length may hold anything (NaN padding); P is 0 there but 0 * NaN is not.
     valid = jnp.arange(s)[None, :] < jnp.clip(kv_lengths, 0, s)[:, None]
     v = jnp.where(valid[:, :, None, None], v, jnp.zeros((), v.dtype))
+    k = jnp.where(valid[:, :, None, None], k, jnp.zeros((), k.dtype))  # NaN * 0 in dQ = dS K
   fn = functools.partial(
       _attention, causal=causal, scale=h ** -0.5 if scale is None else scale, window=window,
       softcap=softcap, cfg=cfg, head_dim_padded=hp, interpret=interpret)
@@ -83,14 +87,129 @@ def _attention_fwd(q, k, v, q_seg, kv_seg, kv_lengths, causal, scale, window, so
 
 
 def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpret, res, cts):
-  del cfg, head_dim_padded
   q, k, v, q_seg, kv_seg, kv_lengths, out, lse = res
   do, dlse = cts
-  dq, dk, dv = triton_ops.backward(
-      q, k, v, out, lse, do, dlse, causal=causal, scale=scale, window=window, softcap=softcap,
-      q_segment_ids=q_seg, kv_segment_ids=kv_seg, kv_lengths=kv_lengths,
-      interpret=bool(interpret))
+  mask_kw = dict(causal=causal, scale=scale, window=window, softcap=softcap)
+  st_dq, st_dkdv = _backward_statics(q, k, q_seg, kv_lengths, cfg=cfg, interpret=interpret,
+                                     **mask_kw)
+  smem = max(kernels.smem_bytes(st=st_dq, head_dim=head_dim_padded, itemsize=2),
+             backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded))
+  if smem > SMEM_LIMIT_BYTES:
+    # Head dims over 128: the dK/dV tiles do not fit next to the Q/dO ring; FA2 kernels instead.
+    dq, dk, dv = triton_ops.backward(
+        q, k, v, out, lse, do, dlse, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+        kv_lengths=kv_lengths, interpret=bool(interpret), **mask_kw)
+  else:
+    dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
+                           st_dkdv, hp=head_dim_padded, interpret=interpret)
   return dq, dk, dv, None, None, None
+
+
+def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2) -> int:
+  """Shared memory of a dK/dV CTA: its K/V tiles plus the Q/dO/rows ring."""
+  tiles = 2 * kernels.COMPUTE_WGS * st.block_kv * head_dim + 2 * st.num_stages * st.block_q * head_dim
+  if not st.registers_pv:
+    tiles += kernels.COMPUTE_WGS * st.block_kv * st.block_q
+  return tiles * itemsize + st.num_stages * st.block_q * 12 + 2048
+
+
+def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
+                      interpret):
+  """Statics of the dQ and dK/dV kernels (tiles, padded lengths, masks)."""
+  t, s = q.shape[1], k.shape[1]
+  bq, bkv = cfg.bwd_block_q, cfg.bwd_block_kv
+  tq, tk = _round_up(t, kernels.COMPUTE_WGS * bq), _round_up(s, kernels.COMPUTE_WGS * bkv)
+  left, right = masks.canonical_window(causal=causal, window=window)
+  common = dict(scale=scale, softcap=softcap,
+                spec=masks.MaskSpec(left=left, right=right, offset=s - t),
+                has_kv_len=kv_lengths is not None or tk != s, has_segments=q_seg is not None,
+                groups=q.shape[2] // k.shape[2], num_stages=cfg.num_stages,
+                registers_pv=not interpret)
+  st_dq = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tk // bkv, **common)
+  st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq, **common)
+  return st_dq, st_dkdv
+
+
+def _delta(do, out, dlse, block: int, interpret):
+  """D = rowsum(dO * O) - dlse [B, N, T] by a Pallas kernel: a fixed reduction order, so vmap
+  and batch shape never change the bits (see triton.kernels.delta_kernel)."""
+  b, t, n, h = out.shape
+  tile = pl.BlockSpec((None, block, None, h), lambda i, bb, nn: (bb, i, nn, 0))
+  row = pl.BlockSpec((None, None, block), lambda i, bb, nn: (bb, nn, i))
+  return pl.pallas_call(
+      triton_kernels.delta_kernel, grid=(t // block, b, n), in_specs=[tile, tile, row],
+      out_specs=row, out_shape=triton_ops._out_struct((b, n, t), jnp.float32, out),
+      compiler_params=plgpu_triton.CompilerParams(num_warps=4, num_stages=1),
+      interpret=bool(interpret), name="flash_attention_delta")(do, out, dlse)
+
+
+def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
+              st_dkdv: kernels.Statics, *, hp: int, interpret):
+  """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``."""
+  b, t, n, h = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  bq, bkv = st_dq.block_q, st_dq.block_kv
+  tq, tk = st_dkdv.num_kv_blocks * bq, st_dq.num_kv_blocks * bkv
+
+  def pad(x, length):
+    return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
+
+  qp, kp, vp, outp, dop = pad(q, tq), pad(k, tk), pad(v, tk), pad(out, tq), pad(do.astype(q.dtype), tq)
+  dlse = jnp.zeros_like(lse) if dlse is None else dlse
+  lsep = jnp.pad(lse.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t)), constant_values=-jnp.inf)
+  dlsep = jnp.pad(dlse.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t)))
+  delta = _delta(dop, outp, dlsep, bq, interpret)
+  lse2 = jnp.where(jnp.isneginf(lsep), jnp.inf, lsep * kernels.LOG2E)   # empty rows: P = 0
+  rows = jnp.stack([lse2, delta], axis=2)                                # [B, N, 2, T]
+  base = [qp, kp, vp, dop, rows]
+  segs = []
+  if st_dq.has_segments:
+    segs = [jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, tq - t)), constant_values=-1),
+            jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, tk - s)), constant_values=-2)]
+  has_meta = st_dq.any_mask
+  meta_dq = meta_dkdv = None
+  if has_meta:
+    kv_len = (jnp.full((b,), s, jnp.int32) if kv_lengths is None
+              else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
+    common = dict(spec=st_dq.spec, seq_q=t, seq_k=s, batch=b, kv_lengths=kv_len,
+                  q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+    r_dq = masks.kv_block_ranges(block_q=kernels.COMPUTE_WGS * bq, block_k=bkv, **common)
+    r_dq = jnp.pad(r_dq, ((0, 0), (0, tq // (kernels.COMPUTE_WGS * bq) - r_dq.shape[1]), (0, 0)))
+    r_kv = masks.q_block_ranges(
+        masks.kv_block_ranges(block_q=bq, block_k=kernels.COMPUTE_WGS * bkv, **common),
+        num_k_blocks=tk // (kernels.COMPUTE_WGS * bkv))
+    meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
+  axes = frozenset().union(*(triton_ops._vma(x) for x in base + segs))
+
+  def call(kernel, scratch, grid, names, out_type, meta):
+    inputs = base + ([meta] if meta is not None else []) + segs
+    if axes:
+      inputs = triton_ops._match_vma(inputs, axes)
+    outs = plgpu.kernel(
+        kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=names,
+        num_threads=kernels.COMPUTE_WGS + 1, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if interpret else None)(*inputs)
+    return triton_ops._match_vma(list(outs), axes) if axes else list(outs)
+
+  (dq,) = call(functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
+               backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
+               (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
+               (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
+  dk, dv = call(functools.partial(backward.dkdv_kernel, st=st_dkdv, has_meta=has_meta,
+                                  num_q_blocks=tq // bq),
+                backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
+                (kh, tk // (kernels.COMPUTE_WGS * bkv), b), ("heads", "kv_seq", "batch"),
+                (jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
+                 jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)), meta_dkdv)
+  return dq[:, :t, :, :h], dk[:, :s, :, :h], dv[:, :s, :, :h]
+
+
+def _with_kv_len(ranges, kv_len):
+  """[B, n, 4] ranges -> [B, n, META_LEN] records (lo, lo_full, hi_full, hi, kv_len, 0, 0, 0)."""
+  lead = ranges.shape[:2]
+  return jnp.concatenate([ranges, jnp.broadcast_to(kv_len[:, None, None], lead + (1,)),
+                          jnp.zeros(lead + (kernels.META_LEN - 5,), jnp.int32)], -1)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -128,10 +247,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
                                    block_k=cfg.block_kv, batch=b, kv_lengths=kv_len,
                                    q_segment_ids=q_seg, kv_segment_ids=kv_seg)
     ranges = jnp.pad(ranges, ((0, 0), (0, tq // cta_q - ranges.shape[1]), (0, 0)))
-    extra = jnp.zeros(ranges.shape[:2] + (kernels.META_LEN - 5,), jnp.int32)
-    meta = jnp.concatenate(
-        [ranges, jnp.broadcast_to(kv_len[:, None, None], ranges.shape[:2] + (1,)), extra], -1)
-    inputs.append(meta)
+    inputs.append(_with_kv_len(ranges, kv_len))
   if st.has_segments:
     inputs.append(jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, tq - t)), constant_values=-1))
     inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, tk - s)), constant_values=-2))

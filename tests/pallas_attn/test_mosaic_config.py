@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
+from jax._src import mesh as mesh_lib
 
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config, kernels, ops
@@ -80,3 +81,31 @@ def test_compiled_form_lowers_for_sm90(h, kw):
   lowered = jax.jit(fwd).trace(q, k, k, qs, ks, lens).lower(lowering_platforms=("cuda",))
   text = lowered.as_text()
   assert "mosaic_gpu" in text                        # one Mosaic GPU custom call
+
+
+@pytest.mark.parametrize("h,kw", LOWER_CASES[:3], ids=lambda x: str(x))
+def test_compiled_backward_lowers_for_sm90(h, kw):
+  b, t, s, n, kh = 2, 700, 900, 4, 2
+  bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  q, k, out, do = bf(b, t, n, h), bf(b, s, kh, h), bf(b, t, n, h), bf(b, t, n, h)
+  lse = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
+  qs = jax.ShapeDtypeStruct((b, t), jnp.int32) if kw.get("segments") else None
+  ks = jax.ShapeDtypeStruct((b, s), jnp.int32) if kw.get("segments") else None
+  lens = jax.ShapeDtypeStruct((b,), jnp.int32) if kw.get("kv_lengths") else None
+  mask_kw = dict(causal=kw.get("causal", False), scale=h ** -0.5, window=kw.get("window"),
+                 softcap=kw.get("softcap"))
+  q_seg_probe = None if qs is None else jnp.zeros(qs.shape, jnp.int32)
+  lens_probe = None if lens is None else jnp.zeros(lens.shape, jnp.int32)
+  st_dq, st_dkdv = ops._backward_statics(jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
+                                         q_seg_probe, lens_probe, cfg=Config(), interpret=False,
+                                         **mask_kw)
+  assert st_dq.registers_pv and st_dkdv.registers_pv
+  bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
+                          interpret=False)
+  # The D pre-pass is a Pallas Triton kernel: its lowering needs a (here abstract) H200.
+  dev = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
+                                                                abstract_device=dev)):
+    lowered = jax.jit(bwd).trace(q, k, k, out, lse, do, lse, qs, ks, lens).lower(
+        lowering_platforms=("cuda",))
+  assert lowered.as_text().count("mosaic_gpu") >= 2             # dQ and dK/dV kernels

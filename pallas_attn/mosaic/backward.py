@@ -1,0 +1,381 @@
+"""FlashAttention backward on Pallas Mosaic GPU: a dQ kernel and a dK/dV kernel, with wgmma.
+
+Same recomputation as FA2 Alg. 2 / FA3 Section 3.3, in base 2 (L2 = lse * log2 e, +inf for rows
+that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
+  P = 2^(S2 - L2),  dP = dO V^T,  dS = P * (dP - D) * (1 - t^2 if softcap),
+  dQ = scale * dS K,  dK = scale * dS^T Q,  dV = P^T dO.
+
+* dQ kernel: a CTA = two consumer warpgroups (``block_q`` query rows each) + one producer that
+  streams the K/V blocks the tile can see through a TMA ring (as the forward does).
+* dK/dV kernel: a CTA = two consumers (``block_kv`` keys each) + a producer that streams, for every
+  query head of the K/V head's group and every visible Q block, the Q and dO tiles and the L2 / D
+  vectors. The group's heads are summed inside the CTA in a fixed order: GQA/MQA gradients are
+  deterministic, no atomics.
+
+Interpret mode (no register wgmma operands, no ``run_state`` accumulators in JAX 0.11.2's
+interpreter) stages P^T / dS through shared memory and adds each block's product to a register
+accumulator; the compiled form keeps them in registers and accumulates in place.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_attn import masks
+from pallas_attn.mosaic.kernels import COMPUTE_WGS, LOG2E, Statics
+
+_TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def _logits2(s, st: Statics):
+  """q.k -> (base-2 logits, tanh of the softcap or None)."""
+  if st.softcap is None:
+    return s * (st.scale * LOG2E), None
+  t = jnp.tanh(s * (st.scale / st.softcap))
+  return t * (st.softcap * LOG2E), t
+
+
+def _tile_mask(q_pos, k_pos, kv_len, q_seg, kv_seg, st: Statics):
+  mask = masks.position_mask(q_pos, k_pos, st.spec)
+  if st.has_kv_len:
+    mask = masks.and_masks(mask, k_pos < kv_len)
+  if st.has_segments:
+    mask = masks.and_masks(mask, q_seg == kv_seg)
+  return mask
+
+
+def _matmul_acc(acc, a, b_ref, a_smem, *, registers: bool):
+  """acc + a @ b (a: registers, bf16/f16; b: SMEM ref) with wgmma, in place when compiled."""
+  if registers:
+    def body(acc_ref):
+      plgpu.wgmma(acc_ref, a, b_ref)
+    return pl.run_state(body)(plgpu.ACC.init(acc))
+  a_smem[...] = a
+  plgpu.commit_smem()
+
+  def body(acc_ref):
+    plgpu.wgmma(acc_ref, a_smem, b_ref)
+    return acc_ref[...]
+  return acc + pl.run_scoped(body, plgpu.ACC(acc.shape, jnp.float32))
+
+
+def _product(a_ref, b_ref, shape):
+  """a @ b for two SMEM refs into a fresh float32 accumulator."""
+  def body(acc_ref):
+    plgpu.wgmma(acc_ref, a_ref, b_ref)
+    return acc_ref[...]
+  return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _ranges(meta_ref, meta_smem, meta_ready, wg, full: int):
+  """(lo, lo_full, hi_full, hi, kv_len) of this CTA, from its SMEM record or the full span."""
+  if meta_ref is None:
+    return (jnp.int32(0), jnp.int32(0), jnp.int32(full), jnp.int32(full), None)
+  plgpu.barrier_wait(meta_ready.at[0])
+  return tuple(meta_smem[i] for i in range(5))
+
+
+# ----------------------------------------------------------------------------------------------
+# dQ
+# ----------------------------------------------------------------------------------------------
+
+def dq_kernel(*refs, st: Statics, has_meta: bool):
+  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg], dq, smem, barriers.
+
+  ``rows`` is [B, N, 2, T] float32: L2 and D side by side, one TMA per tile.
+  """
+  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  pos = 5
+  meta_ref = q_seg_ref = kv_seg_ref = None
+  if has_meta:
+    meta_ref, pos = refs[pos], pos + 1
+  if st.has_segments:
+    q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
+  dq_ref, smem, bars = refs[pos], refs[pos + 1], refs[pos + 2]
+  (q_smem2, do_smem2, rows_smem2, k_smem, v_smem, meta_smem, qseg_smem2, kvseg_smem,
+   ds_smem2) = smem
+  k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free = bars
+  batch, head, tile = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
+  wg = lax.axis_index("wg")
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+
+  if meta_ref is not None:
+    @pl.when(wg == COMPUTE_WGS)
+    def _():
+      plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
+  lo, lo_full, hi_full, hi, kv_len = _ranges(meta_ref, meta_smem, meta_ready, wg,
+                                             st.num_kv_blocks)
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _consumer():
+    q_start = tile * (COMPUTE_WGS * bq) + wg * bq
+    rows = pl.ds(q_start, bq)
+    q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+    plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem, q_ready.at[3 * wg])
+    plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem, q_ready.at[3 * wg + 1])
+    plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem2.at[wg],
+                            q_ready.at[3 * wg + 2])
+    for i in range(3):
+      plgpu.barrier_wait(q_ready.at[3 * wg + i])
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    lse2 = plgpu.load(rows_smem2.at[wg, 0], layout=row_layout)
+    delta = plgpu.load(rows_smem2.at[wg, 1], layout=row_layout)
+    q_seg = None
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem2.at[wg],
+                              q_ready.at[3 * COMPUTE_WGS + wg])
+      plgpu.barrier_wait(q_ready.at[3 * COMPUTE_WGS + wg])
+      q_seg = plgpu.load(qseg_smem2.at[wg], layout=row_layout)
+    shape = (bq, bkv)
+
+    def step(j, dq, masked: bool):
+      slot = lax.rem(j - lo, stages)
+      plgpu.barrier_wait(k_ready.at[slot])
+      s2, t = _logits2(_product(q_smem, k_smem.at[slot].transpose((1, 0)), shape), st)
+      p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, shape, [0]))
+      if st.has_segments:
+        plgpu.barrier_wait(seg_ready.at[slot])
+      mask = None
+      if masked:
+        q_pos = q_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+        k_pos = j * bkv + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        seg_q = seg_k = None
+        if st.has_segments:
+          seg_k = lax.broadcast_in_dim(
+              plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0)), shape, [1])
+          seg_q = lax.broadcast_in_dim(q_seg, shape, [0])
+        mask = _tile_mask(q_pos, k_pos, kv_len, seg_q, seg_k, st)
+        p = jnp.where(mask, p, 0.0)
+      plgpu.barrier_wait(v_ready.at[slot])
+      dp = _product(do_smem, v_smem.at[slot].transpose((1, 0)), shape)
+      plgpu.barrier_arrive(v_free.at[slot])
+      ds = p * (dp - lax.broadcast_in_dim(delta, shape, [0]))
+      if t is not None:
+        ds = ds * (1.0 - t * t)
+      if mask is not None:
+        ds = jnp.where(mask, ds, 0.0)
+      dq = _matmul_acc(dq, ds.astype(q_smem.dtype), k_smem.at[slot],
+                       None if ds_smem2 is None else ds_smem2.at[wg], registers=st.registers_pv)
+      plgpu.barrier_arrive(k_free.at[slot])
+      return dq
+
+    dq = plgpu.layout_cast(jnp.full((bq, q_smem.shape[-1]), 0.0, jnp.float32),
+                           plgpu.Layout.WGMMA)
+    dq = _visit(lo, lo_full, hi_full, hi, step, dq, st)
+    q_smem[...] = (dq * st.scale).astype(q_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[batch, rows, head])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _producer():
+    kv_head = lax.div(head, jnp.int32(st.groups))
+
+    def fetch(i):
+      slot = lax.rem(i, stages)
+      keys = pl.ds((lo + i) * bkv, bkv)
+      plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem.at[slot], k_ready.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem.at[slot], v_ready.at[slot])
+      if st.has_segments:
+        plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem.at[slot],
+                                seg_ready.at[slot])
+    _produce(hi - lo, stages, fetch, (k_free, v_free))
+
+
+# ----------------------------------------------------------------------------------------------
+# dK, dV
+# ----------------------------------------------------------------------------------------------
+
+def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
+  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg], dk, dv, smem, barriers.
+
+  Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
+  """
+  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  pos = 5
+  meta_ref = q_seg_ref = kv_seg_ref = None
+  if has_meta:
+    meta_ref, pos = refs[pos], pos + 1
+  if st.has_segments:
+    q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
+  dk_ref, dv_ref, smem, bars = refs[pos:pos + 4]
+  (k_smem2, v_smem2, q_smem, do_smem, rows_smem, meta_smem, kvseg_smem2, qseg_smem,
+   pt_smem2) = smem
+  q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free = bars
+  batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
+                          lax.axis_index("kv_seq"))
+  wg = lax.axis_index("wg")
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+
+  if meta_ref is not None:
+    @pl.when(wg == COMPUTE_WGS)
+    def _():
+      plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
+  lo, lo_full, hi_full, hi, kv_len = _ranges(meta_ref, meta_smem, meta_ready, wg, num_q_blocks)
+  per_head = hi - lo                      # Q blocks visited for each head of the group
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _consumer():
+    k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
+    keys = pl.ds(k_start, bkv)
+    k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+    plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem, kv_ready.at[3 * wg])
+    plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem, kv_ready.at[3 * wg + 1])
+    plgpu.barrier_wait(kv_ready.at[3 * wg])
+    plgpu.barrier_wait(kv_ready.at[3 * wg + 1])
+    col = plgpu.Layout.WGMMA.reduce(0)
+    shape = (bkv, bq)
+    kv_seg = None
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem2.at[wg],
+                              kv_ready.at[3 * wg + 2])
+      plgpu.barrier_wait(kv_ready.at[3 * wg + 2])
+      kv_seg = lax.broadcast_in_dim(
+          plgpu.load(kvseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
+    pt_smem = None if pt_smem2 is None else pt_smem2.at[wg]
+
+    def step(n, i, carry, masked: bool):
+      dk, dv = carry
+      slot = lax.rem(n * per_head + (i - lo), stages)
+      plgpu.barrier_wait(q_ready.at[slot])
+      plgpu.barrier_wait(rows_ready.at[slot])
+      if st.has_segments:
+        plgpu.barrier_wait(rows_ready.at[stages + slot])   # every phase, masked step or not
+      s2, t = _logits2(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), st)
+      lse2 = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 0], layout=col), shape, [1])
+      delta = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 1], layout=col), shape, [1])
+      pt = jnp.exp2(s2 - lse2)
+      mask = None
+      if masked:
+        k_pos = k_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+        q_pos = i * bq + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        seg_q = None
+        if st.has_segments:
+          seg_q = lax.broadcast_in_dim(plgpu.load(qseg_smem.at[slot], layout=col), shape, [1])
+        mask = _tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st)
+        pt = jnp.where(mask, pt, 0.0)
+      plgpu.barrier_wait(do_ready.at[slot])
+      dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot], pt_smem,
+                       registers=st.registers_pv)
+      dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
+      plgpu.barrier_arrive(do_free.at[slot])
+      dst = pt * (dpt - delta)
+      if t is not None:
+        dst = dst * (1.0 - t * t)
+      if mask is not None:
+        dst = jnp.where(mask, dst, 0.0)
+      dk = _matmul_acc(dk, dst.astype(k_smem.dtype), q_smem.at[slot], pt_smem,
+                       registers=st.registers_pv)
+      plgpu.barrier_arrive(q_free.at[slot])
+      return dk, dv
+
+    zeros = plgpu.layout_cast(jnp.full((bkv, k_smem.shape[-1]), 0.0, jnp.float32),
+                              plgpu.Layout.WGMMA)
+
+    def per_group_head(n, carry):
+      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
+    dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
+    k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
+    v_smem[...] = dv.astype(v_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[batch, keys, kv_head])
+    plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[batch, keys, kv_head])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _producer():
+    def fetch(step):
+      slot = lax.rem(step, stages)
+      head = kv_head * st.groups + lax.div(step, jnp.maximum(per_head, 1))
+      i = lo + lax.rem(step, jnp.maximum(per_head, 1))
+      rows = pl.ds(i * bq, bq)
+      plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
+      plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
+      # L2 and D of the block side by side: [2, block_q] in one record per slot.
+      plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem.at[slot],
+                              rows_ready.at[slot])
+      if st.has_segments:
+        plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
+                                rows_ready.at[stages + slot])
+    _produce(st.groups * per_head, stages, fetch, (q_free, do_free))
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared pieces
+# ----------------------------------------------------------------------------------------------
+
+def _visit(lo, lo_full, hi_full, hi, step, carry, st: Statics):
+  """Masked blocks at both ends of [lo, hi), mask-free ones in [lo_full, hi_full)."""
+  if not st.any_mask:
+    return lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
+  carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
+  carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
+  return lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
+
+
+def _produce(num_steps, stages: int, fetch, free_barriers):
+  """Producer loop of a ``stages``-deep ring: fill, refill as slots free up, observe the rest."""
+  @pl.loop(0, jnp.minimum(num_steps, stages))
+  def _prologue(i):
+    fetch(i)
+
+  @pl.loop(stages, jnp.maximum(num_steps, stages))
+  def _steady(i):
+    for bar in free_barriers:
+      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
+    fetch(i)
+
+  @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
+  def _drain(i):
+    for bar in free_barriers:
+      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
+
+
+def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  smem = (
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=_TILED),        # Q, then dQ
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=_TILED),        # dO
+      plgpu.SMEM((COMPUTE_WGS, 2, bq), jnp.float32),                            # L2, D
+      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_TILED),            # K ring
+      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_TILED),            # V ring
+      plgpu.SMEM((8,), jnp.int32) if has_meta else None,
+      plgpu.SMEM((COMPUTE_WGS, bq), jnp.int32) if st.has_segments else None,
+      plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,
+      None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bq, bkv), dtype, transforms=_TILED),
+  )
+  bars = (
+      plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+      plgpu.Barrier(num_barriers=stages),
+      plgpu.Barrier(num_barriers=4 * COMPUTE_WGS),                             # per-WG loads
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+  )
+  return smem, bars
+
+
+def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  smem = (
+      plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # K, then dK
+      plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # V, then dV
+      plgpu.SMEM((stages, bq, head_dim), dtype, transforms=_TILED),             # Q ring
+      plgpu.SMEM((stages, bq, head_dim), dtype, transforms=_TILED),             # dO ring
+      plgpu.SMEM((stages, 2, bq), jnp.float32),                                 # L2, D ring
+      plgpu.SMEM((8,), jnp.int32) if has_meta else None,
+      plgpu.SMEM((COMPUTE_WGS, bkv), jnp.int32) if st.has_segments else None,
+      plgpu.SMEM((stages, bq), jnp.int32) if st.has_segments else None,
+      None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED),
+  )
+  bars = (
+      plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+      plgpu.Barrier(num_barriers=2 * stages),                                  # L2/D (+ q seg)
+      plgpu.Barrier(num_barriers=3 * COMPUTE_WGS),                             # per-WG K, V, seg
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+  )
+  return smem, bars
