@@ -157,3 +157,113 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
     except NotImplementedError:
       pass            # too few rows per dot for "strided": keep "interleave"
   return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Mosaic GPU (Hopper wgmma) backend: ``quant/matmul/mosaic.py``
+# ----------------------------------------------------------------------------------------------
+
+MOSAIC_BLOCK_K = (128, 256, 512)   # K rows per pipeline step = 8 planes of block_k / 8 columns
+MOSAIC_MAX_M = 64                  # beyond this the decode kernel is the wrong tool (falls back)
+SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+  """Tiles of the Mosaic GPU W4A16 kernel (frozen, hashable: a static jit argument).
+
+  A CTA (one warpgroup) owns ``block_n = 64`` output features (wgmma's M side) and one of
+  ``split_k`` contiguous slices of K, which it walks ``block_k`` rows per step through a ring of
+  ``num_stages`` SMEM buffers filled by TMA. ``block_k / 8`` is also the width of one wgmma
+  operand (one nibble plane), so it fixes the swizzle (16 -> 32 B, 32 -> 64 B, 64 -> 128 B) and
+  the planar weight layout (``layout.prepare_mosaic(qw, block_k=...)``).
+  """
+  block_n: int = 64
+  block_k: int = 512
+  num_stages: int = 4
+  split_k: int = 1
+
+  def __post_init__(self):
+    if self.block_n != 64:
+      raise ValueError(f"MosaicConfig.block_n must be 64 (one warpgroup), got {self.block_n!r}")
+    if self.block_k not in MOSAIC_BLOCK_K:
+      raise ValueError(f"MosaicConfig.block_k must be one of {MOSAIC_BLOCK_K}, "
+                       f"got {self.block_k!r}")
+    if not isinstance(self.num_stages, int) or not 2 <= self.num_stages <= 8:
+      raise ValueError(f"MosaicConfig.num_stages must be in [2, 8], got {self.num_stages!r}")
+    if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or not (
+        1 <= self.split_k <= 64):
+      raise ValueError(f"MosaicConfig.split_k must be an int in [1, 64], got {self.split_k!r}")
+
+
+def mosaic_m_pad(m: int) -> int:
+  """Rows of x the kernel computes: wgmma's N side, a multiple of 8 (at least 8)."""
+  return max(8, -(-m // 8) * 8)
+
+
+def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
+  """Shared memory of one CTA: the TMA ring, two dequantized planes and the output tile."""
+  span, mp, bn = cfg.block_k // 8, mosaic_m_pad(m), cfg.block_n
+  per_stage = bn * span * 4 + 8 * mp * span * 2 + 8 * bn * 2 * (2 if asym else 1)
+  return cfg.num_stages * per_stage + 2 * bn * span * 2 + bn * mp * 4 + 1024
+
+
+def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
+                       asym: bool = True) -> None:
+  """Raises NotImplementedError when ``cfg`` cannot serve ``[m, k]`` with these groups."""
+  if m > MOSAIC_MAX_M:
+    raise NotImplementedError(f"mosaic int4_matmul is a decode kernel (M <= {MOSAIC_MAX_M}); "
+                              f"M={m} needs a compute-bound path")
+  bk, span = cfg.block_k, cfg.block_k // 8
+  per_channel = group_size >= k
+  if not per_channel and (group_size % span or (group_size % bk and bk % group_size)):
+    raise NotImplementedError(f"block_k={bk} cannot tile groups of {group_size} rows (planes of "
+                              f"{span} rows must lie in one group)")
+  unit = bk if per_channel else max(bk, group_size)
+  kp = -(-k // unit) * unit
+  if kp % cfg.split_k or (kp // cfg.split_k) % unit:
+    raise NotImplementedError(f"split_k={cfg.split_k} does not cut K={kp} (padded) into whole "
+                              f"blocks of {unit} rows")
+  smem = mosaic_smem_bytes(cfg, m=m, asym=asym)
+  if smem > SMEM_BYTES:
+    raise NotImplementedError(f"config needs {smem} bytes of shared memory (> {SMEM_BYTES})")
+
+
+def fit_mosaic_config(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
+                      asym: bool = True) -> MosaicConfig:
+  """Lowers num_stages until the ring fits in SMEM, then checks the shape (NotImplementedError)."""
+  while (cfg.num_stages > 2 and
+         mosaic_smem_bytes(cfg, m=m, asym=asym) > SMEM_BYTES):
+    cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+  check_mosaic_shape(cfg, m=m, k=k, group_size=group_size, asym=asym)
+  return cfg
+
+
+def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool = True,
+                          num_sms: int = NUM_SMS) -> MosaicConfig:
+  """Heuristic MosaicConfig: widest plane the groups allow, a 4-deep ring, K split for the SMs.
+
+  block_k = 512 (128-byte swizzle, 16 KiB of int4 per step) unless the groups are shorter than
+  a plane of 64 rows. Decode streams the weight once, so the grid should cover the SMs about
+  twice: ``split_k`` doubles while there are fewer than ``2 * num_sms`` CTAs and each split keeps
+  at least 1024 rows of K (partial sums are reduced by XLA).
+  """
+  per_channel = group_size >= k
+  bk = 512
+  if not per_channel:
+    while bk > 128 and (group_size % (bk // 8) or (group_size % bk and bk % group_size)):
+      bk //= 2
+  cfg = fit_mosaic_config(MosaicConfig(block_k=bk, num_stages=4), m=m, k=k,
+                          group_size=group_size, asym=asym)
+  tiles = -(-n // cfg.block_n)
+  unit = bk if per_channel else max(bk, group_size)
+  kp = -(-k // unit) * unit
+  split = 1
+  while tiles * split < 2 * num_sms and kp // (2 * split) >= 1024:
+    try:
+      check_mosaic_shape(dataclasses.replace(cfg, split_k=2 * split), m=m, k=k,
+                         group_size=group_size, asym=asym)
+    except NotImplementedError:
+      break
+    split *= 2
+  return dataclasses.replace(cfg, split_k=split)

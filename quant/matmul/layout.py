@@ -68,3 +68,96 @@ def check_packed(pw: Any) -> None:
       raise TypeError(f"PackedWeight zeros must be uint8, got {pw.zeros.dtype}")
     if pw.zeros.shape != pw.scales.shape:
       raise ValueError(f"zeros shape {pw.zeros.shape} does not match scales {pw.scales.shape}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Planar layout of the Mosaic GPU (Hopper wgmma) kernel
+# ----------------------------------------------------------------------------------------------
+
+PLANES = 8          # nibbles per int32 word: one "plane" of K columns each
+TILE_N = 64         # rows of N per warpgroup tile (wgmma's M side); N is padded to it
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MosaicWeight:
+  """4-bit weight in the planar, transposed layout read by ``quant.matmul.mosaic``.
+
+  The kernel computes ``y^T = W^T x^T``, so the weight tile is wgmma's A operand: rows of N,
+  K contiguous. With ``span = block_k / 8``, K is cut into blocks of ``block_k`` rows, and in
+  block ``b`` word ``(n, b*span + j)`` holds, in nibble ``i``, the code of stored row
+  ``b*block_k + i*span + j``. Unpacking nibble ``i`` of a ``[64, span]`` word tile therefore gives
+  ``span`` *contiguous* K columns (a whole wgmma operand) with shifts and masks only, no
+  in-register interleave or transpose.
+
+  Fields: ``qweight`` int32 ``[Np, Kp/8]``; ``scales`` ``[Gp, Np]`` (dtype of the source);
+  ``zeros`` ``[Gp, Np]`` bfloat16 (small integers, exact) or None when symmetric; ``perm`` as in
+  ``QuantizedWeight``. ``Np`` is N rounded up to 64 and ``Kp`` is K rounded up to whole blocks
+  (and groups); padded codes are 0 and padded scales are 0 (padded x columns are 0 as well).
+  ``Gp`` is ``Kp / group_size``, or 1 per-channel. Static: ``bits``, ``group_size`` (K when
+  per-channel), ``sym``, ``shape = (K, N)``, ``block_k``.
+  """
+  qweight: Int[Array, "Np Kp8"]
+  scales: Float[Array, "Gp Np"]
+  zeros: Float[Array, "Gp Np"] | None
+  perm: Int[Array, "K"] | None
+  bits: int = dataclasses.field(metadata=dict(static=True), default=4)
+  group_size: int = dataclasses.field(metadata=dict(static=True), default=128)
+  sym: bool = dataclasses.field(metadata=dict(static=True), default=False)
+  shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True), default=(0, 0))
+  block_k: int = dataclasses.field(metadata=dict(static=True), default=512)
+
+  @property
+  def per_channel(self) -> bool:
+    return self.group_size >= self.shape[0]
+
+  @property
+  def padded_shape(self) -> tuple[int, int]:
+    return self.qweight.shape[1] * PLANES, self.qweight.shape[0]
+
+
+def _round_up(a: int, b: int) -> int:
+  return -(-a // b) * b
+
+
+def mosaic_padded_k(k: int, group_size: int, block_k: int) -> int:
+  """K rounded up to whole blocks of ``block_k`` rows and, when grouped, whole groups."""
+  if group_size >= k:
+    return _round_up(k, block_k)
+  unit = max(block_k, group_size)          # one divides the other (checked by the config)
+  return _round_up(k, unit)
+
+
+def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int = 512) -> MosaicWeight:
+  """``QuantizedWeight`` -> ``MosaicWeight`` (planar, transposed, padded). Exact; jit-compatible.
+
+  Raises NotImplementedError for codes wider than 4 bits (one nibble per code is assumed) or a
+  ``block_k`` whose planes would straddle a group (``group_size % (block_k / 8)``, or neither of
+  block_k and group_size dividing the other).
+
+  Example:
+    >>> mw = prepare_mosaic(quant.rtn(w, bits=4, group_size=128), block_k=512)
+    >>> y = quant.matmul.mosaic.int4_matmul(x, mw, bias=None, config=None, interpret=False)
+  """
+  formats.check_quantized(qw)
+  if qw.bits > 4:
+    raise NotImplementedError(f"the Mosaic layout holds codes of <= 4 bits, got {qw.bits}")
+  k, n = qw.shape
+  gs = qw.group_size
+  if block_k not in (128, 256, 512):
+    raise NotImplementedError(f"block_k must be 128, 256 or 512, got {block_k}")
+  span = block_k // PLANES
+  if gs < k and (gs % span or (gs % block_k and block_k % gs)):
+    raise NotImplementedError(f"block_k={block_k} cannot tile groups of {gs} rows (planes of "
+                              f"{span} rows must lie in one group)")
+  kp, np_ = mosaic_padded_k(k, gs, block_k), _round_up(n, TILE_N)
+  codes = jnp.pad(qw.codes, ((0, kp - k), (0, np_ - n)))                  # [Kp, Np] stored order
+  fields = codes.astype(jnp.uint32).reshape(kp // block_k, PLANES, span, np_)
+  fields = jnp.transpose(fields, (3, 0, 2, 1))                             # [Np, blocks, span, 8]
+  words = formats._to_uint32_words(fields, 4).reshape(np_, kp // PLANES)  # pylint: disable=protected-access
+  gp = 1 if gs >= k else kp // gs
+  pad_g = ((0, gp - qw.scales.shape[0]), (0, np_ - n))
+  scales = jnp.pad(qw.scales, pad_g)
+  zeros = None if qw.zeros is None else jnp.pad(qw.zeros, pad_g).astype(jnp.bfloat16)
+  return MosaicWeight(qweight=words, scales=scales, zeros=zeros, perm=qw.perm, bits=qw.bits,
+                      group_size=min(gs, k), sym=qw.sym, shape=(k, n), block_k=block_k)
