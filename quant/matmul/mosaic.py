@@ -1,0 +1,400 @@
+"""Fused W4A16 matmul on the Pallas Mosaic GPU backend (Hopper wgmma): ``y = x @ dequantize(qw)``.
+
+Decode-shaped calls (M <= 64) are bound by streaming the int4 weight, so the kernel computes the
+transposed product ``y^T = W^T x^T``: the dequantized weight tile (64 output features) is wgmma's
+M side, which must be 64 rows per warpgroup, and the few activation rows are wgmma's N side,
+padded only to a multiple of 8. Computing ``x W`` directly would pad M = 1 up to 64.
+
+Maths. Per group ``g`` of K rows with per-feature scale ``s_g[n]`` and zero ``z_g[n]``::
+
+    y[m, n] = sum_g s_g[n] * sum_{k in g} (q[k, n] - z_g[n]) * x[m, k]
+
+``q - z`` is a small integer (|q - z| < 16), exact in bf16/f16, so each group's inner sum is a
+wgmma of exact operands with float32 accumulation; the scale is applied to that float32 partial
+(a per-row broadcast, since n is wgmma's M side) and nothing is rounded to 16 bits except x
+itself and the final output (the same precision as the Triton backend).
+
+Data flow of one CTA (one warpgroup; grid ``(N/64, split_k)``), step ``t`` of its K slice:
+
+* TMA (``copy_gmem_to_smem`` + one barrier per ring slot, one arrival per copy) brings a
+  ``[64, block_k/8]`` tile of packed words, the ``[8, m_pad, block_k/8]`` slice of x and the
+  scale / zero rows of step ``t + num_stages - 1`` into a ring of ``num_stages`` SMEM slots;
+* the warpgroup loads the word tile to registers once, and for each nibble ``i`` (a "plane" of
+  ``block_k/8`` contiguous K columns, thanks to ``layout.MosaicWeight``'s planar packing) forms
+  ``q - z`` with a shift, a mask and a subtract, stores it as bf16/f16 into one of two swizzled
+  SMEM planes, ``commit_smem``, and issues ``wgmma(acc, plane, x_plane^T)``;
+* one ``plgpu.ACC`` accumulator per group (or per step when a group spans several steps, then
+  summed in registers), scaled once it is complete.
+
+Every wgmma of a step is waited before the step ends, so the slot refilled at step ``t + 1``
+(the one step ``t - 1`` used) is free without a second barrier. Partial sums ``[split_k, N, M]``
+come out in float32; XLA adds the splits and the bias, transposes and casts (for M <= 64 that is
+< 2% of the weight's bytes). Act-order weights are served by gathering x's columns into the
+stored row order (``x[..., perm]``); the kernel never sees ``g_idx``.
+
+Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 64, codes
+wider than 4 bits, groups the planes cannot tile (a plane of block_k/8 rows must lie in one
+group and block_k and the group must divide one another, e.g. groups of 16 or 96), a config
+whose ring does not fit in SMEM, or a non-Hopper device without ``interpret=True``.
+
+Example:
+  >>> qw = quant.rtn(w, bits=4, group_size=128)                    # w: [K, N]
+  >>> mw = layout.prepare_mosaic(qw)                               # once, at load time
+  >>> y = int4_matmul(x, mw, bias=None, config=None, interpret=False)    # x: [M, K], M <= 64
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxtyping import Array, Float
+
+from quant import formats
+from quant.matmul import layout
+from quant.matmul.config import (MosaicConfig, default_mosaic_config, fit_mosaic_config,
+                                 mosaic_m_pad)
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+PLANES = layout.PLANES
+BN = layout.TILE_N
+
+
+@dataclasses.dataclass(frozen=True)
+class Statics:
+  """Everything static about one kernel launch (hashable)."""
+  m_pad: int            # activation rows (wgmma N), multiple of 8
+  steps: int            # block_k steps per split
+  block_k: int          # K rows per step (8 planes)
+  seg: int              # K rows sharing one scale inside a split (group, or the split)
+  stages: int
+  sym: bool
+  zero: float           # symmetric zero point 2**(bits - 1)
+  dtype: jnp.dtype      # activation / wgmma operand dtype
+
+  @property
+  def span(self) -> int:
+    return self.block_k // PLANES
+
+  @property
+  def long_groups(self) -> bool:
+    """A scale covers one or more whole steps (else each step holds several groups)."""
+    return self.seg >= self.block_k
+
+  @property
+  def groups_per_step(self) -> int:
+    return 1 if self.long_groups else self.block_k // self.seg
+
+  @property
+  def steps_per_group(self) -> int:
+    return self.seg // self.block_k if self.long_groups else 1
+
+
+def _tiled(span: int) -> tuple:
+  """SMEM transforms of a 16-bit wgmma operand whose minor dimension is ``span`` elements."""
+  return (plgpu.TilingTransform((8, span)), plgpu.SwizzleTransform(2 * span))
+
+
+def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
+  """One CTA: rows ``[64 n, 64 (n + 1))`` of ``y^T`` from split ``k`` of K (grid ``(n, k)``).
+
+  Refs (GMEM): xt ``[Kp/span, m_pad, span]`` (x in planes), qt int32 ``[Np, Kp/8]`` (planar
+  words), s ``[Gp, Np]``, z ``[Gp, Np]`` bf16 or None, o float32 ``[split_k, Np, m_pad]``.
+  Scratch: the TMA ring (words, x, scales, zeros), two dequantized planes, the output tile and
+  one barrier per ring slot.
+  """
+  w_ring, x_ring, s_ring, z_ring, planes, o_smem, ready = scratch
+  span, stages, gps = st.span, st.stages, st.groups_per_step
+  n0 = lax.axis_index("n") * BN
+  t_base = lax.axis_index("k") * st.steps          # first global step of this split
+  rows_per_scale = st.seg // st.block_k if st.long_groups else 1
+  wgmma_layout = plgpu.Layout.WGMMA
+  row_vec = plgpu.Layout.WGMMA.reduce(1)           # one value per row of a [64, *] tile
+
+  def issue(t):
+    """TMA of local step ``t`` into slot ``t % stages`` (one barrier arrival per copy)."""
+    slot = lax.rem(t, stages)
+    gt = t_base + t
+    bar = ready.at[slot]
+    plgpu.copy_gmem_to_smem(qt_ref.at[pl.ds(n0, BN), pl.ds(gt * span, span)], w_ring.at[slot],
+                            bar)
+    plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
+    # Scale rows of this step: gps groups (short groups) or the one group it belongs to.
+    g0 = gt // rows_per_scale if st.long_groups else gt * gps
+    if s_ref.shape[0] == 1:
+      g0 = 0                                       # per-channel: one row for all of K
+    plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), pl.ds(n0, BN)], s_ring.at[slot], bar)
+    if not st.sym:
+      plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), pl.ds(n0, BN)], z_ring.at[slot], bar)
+
+  def step_partials(t):
+    """Waits for step ``t``'s data and returns its float32 partials, one per group in it."""
+    @pl.when(t + stages - 1 < st.steps)
+    def _prefetch():
+      issue(t + stages - 1)        # its slot was last read by step t - 1, whose wgmmas are done
+
+    slot = lax.rem(t, stages)
+    plgpu.barrier_wait(ready.at[slot])
+    words = plgpu.load(w_ring.at[slot], (), layout=wgmma_layout)      # int32 [64, span]
+    planes_per_group = PLANES // gps
+    partials = []
+    for g in range(gps):
+      if st.sym:
+        zero = jnp.float32(st.zero)
+      else:
+        zvec = plgpu.load(z_ring.at[slot, g], (), layout=row_vec).astype(jnp.float32)
+        zero = lax.broadcast_in_dim(zvec, (BN, span), [0])
+
+      def mma(acc_ref, g=g, zero=zero):
+        for j in range(planes_per_group):
+          p = g * planes_per_group + j
+          codes = lax.shift_right_logical(words, jnp.int32(4 * p)) & 0xF
+          vals = (codes.astype(jnp.float32) - zero).astype(st.dtype)     # q - z: exact
+          buf = p % 2
+          if j >= 2:
+            plgpu.wgmma_wait(1)        # the wgmma that read this buffer (plane p - 2) is done
+          planes[buf] = vals
+          plgpu.commit_smem()          # register stores -> visible to the async wgmma
+          plgpu.wgmma(acc_ref, planes.at[buf], x_ring.at[slot, p].transpose((1, 0)))
+        plgpu.wgmma_wait(0)            # planes and this slot may be overwritten after this
+        return acc_ref[...]
+
+      partials.append(pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32)))
+    return slot, partials
+
+  def scaled(acc, slot, g):
+    s = plgpu.load(s_ring.at[slot, g], (), layout=row_vec).astype(jnp.float32)
+    return lax.broadcast_in_dim(s, acc.shape, [0]) * acc
+
+  zeros_tile = lambda: plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), wgmma_layout)
+  for t in range(min(stages - 1, st.steps)):      # prologue: fill all but one slot
+    issue(t)
+
+  if st.long_groups:
+    spg = st.steps_per_group
+
+    def group(gi, total):
+      def inner(i, carry):
+        raw, _ = carry
+        slot, (part,) = step_partials(gi * spg + i)
+        return raw + part, slot
+      raw, slot = lax.fori_loop(0, spg, inner, (zeros_tile(), jnp.int32(0)))
+      return total + scaled(raw, slot, 0)       # the slot of the group's last step holds s
+
+    total = lax.fori_loop(0, st.steps // spg, group, zeros_tile())
+  else:
+    def step(t, total):
+      slot, parts = step_partials(t)
+      for g, part in enumerate(parts):
+        total = total + scaled(part, slot, g)
+      return total
+
+    total = lax.fori_loop(0, st.steps, step, zeros_tile())
+
+  o_smem[...] = total
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[lax.axis_index("k"), pl.ds(n0, BN)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool):
+  """``plgpu.kernel`` wrapper: grid, scratch and the float32 partials ``[split_k, Np, m_pad]``."""
+  np_ = qt.shape[0]
+  span, stages, gps = st.span, st.stages, st.groups_per_step
+  scratch = (
+      plgpu.SMEM((stages, BN, span), jnp.int32),                                  # words
+      plgpu.SMEM((stages, PLANES, st.m_pad, span), st.dtype, transforms=_tiled(span)),  # x
+      plgpu.SMEM((stages, gps, BN), scales.dtype),                                # scales
+      None if st.sym else plgpu.SMEM((stages, gps, BN), zeros.dtype),             # zeros
+      plgpu.SMEM((2, BN, span), st.dtype, transforms=_tiled(span)),               # q - z planes
+      plgpu.SMEM((BN, st.m_pad), jnp.float32),                                    # output tile
+      plgpu.Barrier(num_arrivals=3 if st.sym else 4, num_barriers=stages),        # ring ready
+  )
+  kernel = plgpu.kernel(
+      functools.partial(_body_adapter, st=st),
+      out_type=jax.ShapeDtypeStruct((split_k, np_, st.m_pad), jnp.float32),
+      scratch_types=dict(scratch=scratch),
+      grid=(np_ // BN, split_k),
+      grid_names=("n", "k"),
+      compiler_params=plgpu.CompilerParams(),
+      interpret=plgpu.InterpretGPUParams() if interpret else None,
+      kernel_name="w4a16_mosaic",
+  )
+  return kernel(xt, qt, scales, zeros) if not st.sym else kernel(xt, qt, scales)
+
+
+def _body_adapter(*refs, scratch, st: Statics):
+  """Names ``plgpu.kernel``'s refs (inputs, output; scratch by keyword) for ``w4a16_kernel``."""
+  if st.sym:
+    (xt_ref, qt_ref, s_ref, o_ref), z_ref = refs, None
+  else:
+    xt_ref, qt_ref, s_ref, z_ref, o_ref = refs
+  w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, st=st)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry point
+# ----------------------------------------------------------------------------------------------
+
+def check_supported(x, qw) -> None:
+  """Raises NotImplementedError for valid calls this backend does not serve (shape-independent)."""
+  if x.dtype not in _DTYPES:
+    raise NotImplementedError(f"mosaic int4_matmul takes bfloat16 or float16 x (wgmma operands), "
+                              f"got {x.dtype}")
+  if qw.bits > 4:
+    raise NotImplementedError(f"mosaic int4_matmul supports bits <= 4, got {qw.bits}")
+
+
+def _check_direct_call(x, mw: layout.MosaicWeight, bias) -> None:
+  """Shape checks for a MosaicWeight (the public API only takes QuantizedWeight)."""
+  k, n = mw.shape
+  if mw.qweight.dtype != jnp.int32:
+    raise TypeError(f"MosaicWeight qweight must be int32 words, got {mw.qweight.dtype}")
+  kp = layout.mosaic_padded_k(k, mw.group_size, mw.block_k)
+  np_ = -(-n // BN) * BN
+  if mw.qweight.shape != (np_, kp // PLANES):
+    raise ValueError(f"MosaicWeight qweight shape {mw.qweight.shape} does not match shape "
+                     f"{mw.shape} with block_k={mw.block_k} (expected {(np_, kp // PLANES)})")
+  gp = 1 if mw.group_size >= k else kp // mw.group_size
+  if mw.scales.shape != (gp, np_):
+    raise ValueError(f"MosaicWeight scales shape {mw.scales.shape}, expected {(gp, np_)}")
+  if mw.zeros is not None and mw.zeros.shape != (gp, np_):
+    raise ValueError(f"MosaicWeight zeros shape {mw.zeros.shape}, expected {(gp, np_)}")
+  if not hasattr(x, "ndim") or x.ndim < 1 or x.shape[-1] != k:
+    raise ValueError(f"x must be [..., K={k}], got shape {getattr(x, 'shape', type(x))}")
+  if bias is not None and getattr(bias, "shape", None) != (n,):
+    raise ValueError(f"bias must have shape {(n,)}, got {getattr(bias, 'shape', type(bias))}")
+
+
+def resolve_config(config, *, m: int, k: int, n: int, group_size: int,
+                   asym: bool) -> MosaicConfig:
+  """The MosaicConfig for a call: the heuristic for None, else ``config`` fitted to the shape."""
+  if config is None:
+    return default_mosaic_config(m=m, k=k, n=n, group_size=group_size, asym=asym)
+  if not isinstance(config, MosaicConfig):
+    raise NotImplementedError(f"config of type {type(config).__name__} is not a "
+                              f"quant.matmul.config.MosaicConfig")
+  return fit_mosaic_config(config, m=m, k=k, group_size=group_size, asym=asym)
+
+
+def _on_hopper() -> bool:
+  try:
+    dev = jax.devices()[0]
+  except RuntimeError:
+    return False
+  return dev.platform == "gpu" and getattr(dev, "compute_capability", "") == "9.0"
+
+
+def int4_matmul(x: Float[Array, "... K"],
+                qw: formats.QuantizedWeight | layout.MosaicWeight, *,
+                bias: Float[Array, "N"] | None = None, config: MosaicConfig | None = None,
+                interpret: bool = False) -> Float[Array, "... N"]:
+  """Mosaic GPU backend of ``quant.int4_matmul``: ``x @ dequantize(qw) (+ bias)`` in x's dtype.
+
+  ``qw`` is a ``QuantizedWeight`` (assumed checked by ``quant.matmul.api.check_inputs``; it is
+  repacked into the planar layout on every call, an extra pass over the weight) or, for speed,
+  a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its ``block_k`` fixes
+  the config's). Raises NotImplementedError for float32 x, M > 64, bits > 4, groups the planes
+  cannot tile, a config that does not fit, or (``interpret=False``) a device that is not an sm90
+  GPU. ``lowering_platforms=("cuda",)`` on a CPU host is allowed (compile checks).
+
+  Example:
+    >>> y = int4_matmul(x, qw, config=MosaicConfig(block_k=256, split_k=2), interpret=True)
+    >>> y = int4_matmul(x, layout.prepare_mosaic(qw), config=None, interpret=False)
+  """
+  prepared = isinstance(qw, layout.MosaicWeight)
+  if prepared:
+    _check_direct_call(x, qw, bias)
+  else:
+    formats.check_k(qw.shape[0], qw.group_size, qw.bits)
+  check_supported(x, qw)
+  k, n = qw.shape
+  lead = x.shape[:-1]
+  x2 = x.reshape(-1, k)
+  m = x2.shape[0]
+  if m == 0:
+    return jnp.zeros((*lead, n), x.dtype)
+  if config is None and prepared:
+    config = dataclasses.replace(
+        default_mosaic_config(m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym),
+        block_k=qw.block_k)
+  cfg = resolve_config(config, m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym)
+  if prepared and cfg.block_k != qw.block_k:
+    raise NotImplementedError(f"config.block_k={cfg.block_k} differs from the block_k="
+                              f"{qw.block_k} the MosaicWeight was packed with")
+  if not interpret and not _on_hopper() and jax.default_backend() == "gpu":
+    raise NotImplementedError("mosaic int4_matmul needs a Hopper GPU (sm90) or interpret=True")
+  mw = qw if prepared else layout.prepare_mosaic(qw, block_k=cfg.block_k)
+  if mw.perm is not None:
+    x2 = jnp.take(x2, mw.perm, axis=1)        # stored row i is input feature perm[i]
+  y = _fused(x2, mw.qweight, mw.scales, mw.zeros, bias,
+             _Static(cfg, mw.bits, mw.group_size, k, n, bool(interpret)))
+  return y.reshape(*lead, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  cfg: MosaicConfig
+  bits: int
+  group_size: int
+  k: int
+  n: int
+  interpret: bool
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _fused(x, qweight, scales, zeros, bias, static: _Static):
+  return _call(x, qweight, scales, zeros, bias, static=static)
+
+
+def _fused_fwd(x, qweight, scales, zeros, bias, static: _Static):
+  return _fused(x, qweight, scales, zeros, bias, static), (qweight, scales, zeros, bias)
+
+
+def _fused_bwd(static: _Static, res, dy):
+  """dx = dy @ W^T with W unpacked from the planar words by XLA (no gradient for the weight)."""
+  qweight, scales, zeros, bias = res
+  np_, kp = qweight.shape[0], qweight.shape[1] * PLANES
+  bk = static.cfg.block_k
+  fields = formats._from_words(qweight, 4)      # pylint: disable=protected-access
+  codes = fields.reshape(np_, kp // bk, bk // PLANES, PLANES).transpose(0, 1, 3, 2)
+  codes = codes.reshape(np_, kp).astype(jnp.float32)                  # W^T codes, stored order
+  rows = jnp.arange(kp) // static.group_size if scales.shape[0] > 1 else jnp.zeros(kp, jnp.int32)
+  z = (jnp.float32(2 ** (static.bits - 1)) if zeros is None
+       else zeros.astype(jnp.float32).T[:, rows])
+  wt = (codes - z) * scales.astype(jnp.float32).T[:, rows]            # [Np, Kp]
+  dx = jnp.matmul(dy.astype(jnp.float32), wt[:static.n, :static.k]).astype(dy.dtype)
+  dbias = None if bias is None else jnp.sum(dy.astype(jnp.float32), axis=0).astype(bias.dtype)
+  return dx, None, None, None, dbias
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("static",))
+def _call(x, qweight, scales, zeros, bias, *, static: _Static):
+  """Pads and plane-orders x, launches the kernel, adds the splits and the bias (XLA)."""
+  cfg = static.cfg
+  m, k = x.shape
+  kp = qweight.shape[1] * PLANES
+  span, m_pad = cfg.block_k // PLANES, mosaic_m_pad(m)
+  ks = kp // cfg.split_k
+  per_channel = static.group_size >= static.k
+  st = Statics(m_pad=m_pad, steps=ks // cfg.block_k, block_k=cfg.block_k,
+               seg=ks if per_channel else min(static.group_size, ks),
+               stages=cfg.num_stages, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
+               dtype=jnp.dtype(x.dtype))
+  # x in planes: xt[c, m, :] holds x's columns [c*span, (c+1)*span); zero padding is harmless
+  # (padded weight codes and scales are 0 as well).
+  xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))
+  xt = xp.reshape(m_pad, kp // span, span).transpose(1, 0, 2)
+  parts = _launch(xt, qweight, scales, zeros, st=st, split_k=cfg.split_k,
+                  interpret=static.interpret)
+  y = jnp.sum(parts, axis=0)[:static.n, :m].T                     # [m, n] float32
+  if bias is not None:
+    y = y + bias.astype(jnp.float32)
+  return y.astype(x.dtype)

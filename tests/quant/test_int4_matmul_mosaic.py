@@ -1,0 +1,271 @@
+"""Mosaic GPU (Hopper) W4A16 kernel: interpret-mode correctness, planar layout, MosaicConfig, bad
+inputs, NotImplementedError fall-backs, and the compiled form lowered for sm90 on a CPU host.
+
+Correctness uses the same rule as the Triton backend (``test_int4_matmul_triton._check``): mean
+relative error < 1e-3 against the float32 reference rounded to x's dtype, and the ratio rule
+(C = 2) against the same product computed in x's dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import quant
+from quant.matmul import layout
+from quant.matmul import mosaic as w4_mosaic
+from quant.matmul.config import (MosaicConfig, check_mosaic_shape, default_mosaic_config,
+                                 fit_mosaic_config,
+                                 mosaic_smem_bytes, SMEM_BYTES)
+from test_int4_matmul_triton import _check, _dequantize_np, _h200, _weight, _x
+
+BF16, F16 = jnp.bfloat16, jnp.float16
+
+
+def _cfg(block_k, split_k=1, num_stages=3):
+  return MosaicConfig(block_k=block_k, split_k=split_k, num_stages=num_stages)
+
+
+# (m, k, n, group_size, sym, act_order, dtype, bias, config): M in {1, 2, 3, 8, 16, 31}, K and N
+# off the tiles (padded), short groups (several per step), long groups (several steps per
+# group), per-channel with and without split-K, the three plane widths.
+CASES = [
+    (1, 512, 128, 128, False, False, BF16, False, None),
+    (2, 512, 192, 64, True, False, F16, True, None),
+    (3, 256, 129, 32, False, True, BF16, True, None),                  # 8 groups per step
+    (8, 264, 70, -1, False, False, BF16, False, None),                 # per-channel, K padded
+    (16, 1024, 128, 128, False, True, F16, False, _cfg(256, split_k=2)),   # 2 steps per group
+    (31, 512, 200, 64, True, False, BF16, True, _cfg(128, num_stages=2)),  # 2 groups per step
+    (2, 2048, 64, -1, True, False, BF16, True, _cfg(512, split_k=2, num_stages=2)),
+    (1, 1024, 64, 512, False, False, F16, False, _cfg(256, split_k=2, num_stages=4)),
+    (3, 256, 64, 16, False, False, BF16, True, None),                  # groups of 16: 32 B swizzle
+]
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,act_order,dtype,bias,config", CASES,
+                         ids=[f"m{c[0]}_k{c[1]}_n{c[2]}_g{c[3]}" for c in CASES])
+def test_matches_reference(m, k, n, group_size, sym, act_order, dtype, bias, config):
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=act_order, seed=m)
+  x = _x(m, k, dtype, seed=m + 1)
+  b = _x(1, n, dtype, seed=7)[0] if bias else None
+  y = quant.int4_matmul(x, qw, bias=b, implementation="mosaic", config=config, interpret=True)
+  _check(y, x, qw, b)
+
+
+def test_prepared_weight_batch_dims_and_jit():
+  qw = _weight(512, 96, group_size=128, sym=False, act_order=True, seed=3)
+  mw = layout.prepare_mosaic(qw, block_k=256)
+  x = _x(6, 512, BF16, seed=4).reshape(2, 3, 512)
+  b = _x(1, 96, BF16, seed=5)[0]
+  f = jax.jit(lambda x, mw, b: w4_mosaic.int4_matmul(x, mw, bias=b, interpret=True))
+  y = f(x, mw, b)
+  assert y.shape == (2, 3, 96)
+  _check(y.reshape(6, 96), x.reshape(6, 512), qw, b)
+  assert bool((f(x, mw, b) == y).all())
+
+
+def test_planar_layout_round_trip():
+  """Nibble i of word (n, b*span + j) is the code of stored row b*block_k + i*span + j."""
+  qw = _weight(384, 70, group_size=128, sym=False, act_order=False, seed=1)
+  mw = layout.prepare_mosaic(qw, block_k=256)
+  assert mw.qweight.shape == (128, 512 // 8) and mw.scales.shape == (4, 128)
+  assert mw.zeros.dtype == jnp.bfloat16 and mw.padded_shape == (512, 128)
+  words = np.asarray(mw.qweight).view(np.uint32)
+  nib = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF      # [Np, Kp/8, 8]
+  codes_t = nib.reshape(128, 2, 32, 8).transpose(0, 1, 3, 2).reshape(128, 512)
+  np.testing.assert_array_equal(codes_t[:70, :384].T, np.asarray(qw.codes))
+  assert not codes_t[70:].any() and not codes_t[:, 384:].any()
+  np.testing.assert_array_equal(np.asarray(mw.scales[3]), 0)            # padded group
+
+
+def test_gradient_wrt_x_and_bias():
+  qw = _weight(256, 64, group_size=64, sym=False, act_order=True, seed=9)
+  x = _x(3, 256, F16, seed=10)
+  b = _x(1, 64, F16, seed=11)[0]
+  ct = _x(3, 64, jnp.float32, seed=12)
+
+  def loss(x, b):
+    y = quant.int4_matmul(x, qw, bias=b, implementation="mosaic", interpret=True)
+    return jnp.sum(y.astype(jnp.float32) * ct)
+
+  dx, db = jax.grad(loss, argnums=(0, 1))(x, b)
+  ct64 = np.asarray(ct, np.float64)
+  np.testing.assert_allclose(np.asarray(dx, np.float64), ct64 @ _dequantize_np(qw).T,
+                             rtol=2e-3, atol=2e-3)
+  np.testing.assert_allclose(np.asarray(db, np.float64), ct64.sum(0), rtol=2e-3, atol=2e-3)
+
+
+def test_three_bit_codes():
+  w = jnp.asarray(np.random.default_rng(2).standard_normal((256, 64)).astype(np.float32))
+  qw = quant.rtn(w, bits=3, group_size=64)
+  x = _x(5, 256, BF16, seed=3)
+  _check(quant.int4_matmul(x, qw, implementation="mosaic", interpret=True), x, qw)
+
+
+# ----------------------------------------------------------------------------------------------
+# MosaicConfig and heuristic
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("block_n", 128), ("block_k", 64), ("block_k", 1024),
+                                         ("num_stages", 1), ("num_stages", 9), ("split_k", 0),
+                                         ("split_k", 1.5)])
+def test_config_rejects_bad_values(field, value):
+  with pytest.raises(ValueError, match=field):
+    MosaicConfig(**{field: value})
+
+
+def test_config_is_frozen_and_hashable():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    MosaicConfig().block_k = 256
+  assert hash(MosaicConfig()) == hash(MosaicConfig())
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+def test_default_config_is_valid(group_size):
+  for m in (1, 3, 16, 31, 64):
+    for k, n in ((8192, 28672), (28672, 8192), (8192, 8192), (264, 200), (4096, 11008)):
+      gs = k if group_size == -1 else group_size
+      if k % gs:
+        continue
+      cfg = default_mosaic_config(m=m, k=k, n=n, group_size=gs)
+      assert cfg == default_mosaic_config(m=m, k=k, n=n, group_size=gs)
+      check_mosaic_shape(cfg, m=m, k=k, group_size=gs)
+      assert mosaic_smem_bytes(cfg, m=m, asym=True) <= SMEM_BYTES
+      if gs >= 64:
+        assert cfg.block_k == 512                      # 128-byte swizzle when the groups allow
+  cfg = default_mosaic_config(m=1, k=28672, n=8192, group_size=128)
+  assert cfg.split_k >= 2                              # 128 column tiles: K split across the SMs
+
+
+def test_fit_lowers_stages_to_fit_smem():
+  cfg = fit_mosaic_config(MosaicConfig(block_k=512, num_stages=8), m=64, k=4096, group_size=128)
+  assert cfg.num_stages < 8 and mosaic_smem_bytes(cfg, m=64, asym=True) <= SMEM_BYTES
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input and fall-backs
+# ----------------------------------------------------------------------------------------------
+
+def _eight_bit(qw):
+  w = jnp.asarray(np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32))
+  return quant.rtn(w, bits=8, group_size=64)
+
+
+def _group(gs):
+  def make(qw):
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((384, 64)).astype(np.float32))
+    return quant.rtn(w, bits=4, group_size=gs)
+  return make
+
+
+@pytest.mark.parametrize("make_qw,x_shape,x_dtype,kw,match", [
+    (None, (2, 256), jnp.float32, {}, "bfloat16 or float16"),
+    (None, (65, 256), BF16, {}, "M <= 64"),
+    (_eight_bit, (2, 256), BF16, {}, "bits <= 4"),
+    (_group(8), (2, 384), BF16, {}, "cannot tile groups of 8 "),
+    (_group(96), (2, 384), BF16, {}, "cannot tile groups of 96"),
+    (None, (2, 256), BF16, dict(config={"block_k": 128}), "MosaicConfig"),
+    (None, (2, 256), BF16, dict(config=MosaicConfig(block_k=512, split_k=3)), "split_k=3"),
+], ids=["float32_x", "large_m", "eight_bit", "group_8", "group_96", "config_type", "bad_split"])
+def test_not_implemented(make_qw, x_shape, x_dtype, kw, match):
+  qw = _weight(256, 64, group_size=64, sym=False, act_order=False)
+  if make_qw is not None:
+    qw = make_qw(qw)
+  x = jnp.ones(x_shape, x_dtype)
+  with pytest.raises(NotImplementedError, match=match):
+    quant.int4_matmul(x, qw, implementation="mosaic", interpret=True, **kw)
+
+
+def test_dispatch_falls_back_for_float32(monkeypatch):
+  """implementation=None tries "mosaic" first on a GPU; float32 x then lands on "xla"."""
+  from quant.matmul import api  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(api, "default_order", lambda: ("mosaic", "xla"))
+  qw = _weight(256, 64, group_size=64, sym=False, act_order=False)
+  x = _x(2, 256, np.float32, seed=1)
+  y = quant.int4_matmul(x, qw, interpret=True)
+  assert y.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(y, np.float64),
+                             np.asarray(x, np.float64) @ _dequantize_np(qw), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("change,x_shape,exc,match", [
+    (dict(qweight="uint32"), (2, 256), TypeError, "int32"),
+    (dict(qweight="short"), (2, 256), ValueError, "qweight shape"),
+    (dict(scales="short"), (2, 256), ValueError, "scales shape"),
+    ({}, (2, 128), ValueError, "K=256"),
+    (dict(block_k=256), (2, 256), NotImplementedError, "block_k"),
+], ids=["qweight_dtype", "qweight_shape", "scales_shape", "x_features", "block_k_mismatch"])
+def test_prepared_weight_bad_inputs(change, x_shape, exc, match):
+  mw = layout.prepare_mosaic(_weight(256, 64, group_size=64, sym=False, act_order=False),
+                             block_k=512)
+  if change.get("qweight") == "uint32":
+    mw = dataclasses.replace(mw, qweight=mw.qweight.astype(jnp.uint32))
+  if change.get("qweight") == "short":
+    mw = dataclasses.replace(mw, qweight=mw.qweight[:, :-1])
+  if change.get("scales"):
+    mw = dataclasses.replace(mw, scales=mw.scales[:-1])
+  config = MosaicConfig(block_k=change["block_k"]) if "block_k" in change else None
+  with pytest.raises(exc, match=match):
+    w4_mosaic.int4_matmul(jnp.ones(x_shape, BF16), mw, config=config, interpret=True)
+
+
+def test_prepare_rejects_untileable_groups():
+  qw = _weight(384, 64, group_size=32, sym=True, act_order=False)
+  with pytest.raises(NotImplementedError, match="groups of 32"):
+    layout.prepare_mosaic(qw, block_k=512)           # a plane of 64 rows straddles 2 groups
+
+
+# ----------------------------------------------------------------------------------------------
+# The compiled form, lowered for an H200 on a CPU host; compiled runs (GPU only)
+# ----------------------------------------------------------------------------------------------
+
+def _abstract_weight(k, n, *, group_size, sym, act_order):
+  gs = k if group_size == -1 else group_size
+  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  return quant.QuantizedWeight(
+      qweight=i32(k // 8, n), scales=jax.ShapeDtypeStruct((k // gs, n), BF16),
+      zeros=None if sym else i32(k // gs, n), perm=i32(k) if act_order else None,
+      bits=4, group_size=gs, sym=sym, shape=(k, n))
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,act_order,dtype,config", [
+    (1, 8192, 28672, 128, False, False, BF16, None),                    # decode
+    (16, 28672, 8192, 128, False, True, F16, None),                     # split-K, act-order
+    (3, 4096, 1024, 32, True, False, BF16, None),                       # 64-byte swizzle
+    (31, 264, 200, -1, False, False, BF16, None),                       # padded K and N
+    (64, 4096, 1024, -1, False, False, BF16, None),                     # widest wgmma N here
+    (8, 4096, 256, 128, False, False, BF16, MosaicConfig(block_k=128, num_stages=8)),  # 32 B
+    (2, 8192, 1024, 64, True, False, F16, MosaicConfig(block_k=512, split_k=4)),
+], ids=["decode", "split_act_order_f16", "g32", "per_channel_padded", "m64", "bk128",
+        "g64_split4"])
+def test_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, act_order, dtype, config):
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  qw = _abstract_weight(k, n, group_size=group_size, sym=sym, act_order=act_order)
+  x = jax.ShapeDtypeStruct((m, k), dtype)
+  b = jax.ShapeDtypeStruct((n,), dtype)
+  f = lambda x, qw, b: w4_mosaic.int4_matmul(x, qw, bias=b, config=config, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(x, qw, b).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 31, 64])
+@pytest.mark.parametrize("group_size,sym,act_order", [(32, False, False), (64, True, False),
+                                                      (128, False, True), (-1, False, False)])
+def test_compiled_on_gpu(m, group_size, sym, act_order):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(1032 if group_size == -1 else 1024, 1031, group_size=group_size, sym=sym,
+               act_order=act_order)
+  x = _x(m, qw.shape[0], BF16, seed=m)
+  b = _x(1, qw.shape[1], BF16, seed=1)[0]
+  y = quant.int4_matmul(x, qw, bias=b, implementation="mosaic", interpret=False)
+  _check(y, x, qw, b)
+  mw = layout.prepare_mosaic(qw, block_k=default_mosaic_config(
+      m=m, k=qw.shape[0], n=qw.shape[1], group_size=qw.group_size).block_k)
+  _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False), x, qw, b)
