@@ -11,6 +11,9 @@ For M in {1, 16, 64, 256} and weights (K, N) in {(8192, 28672), (28672, 8192), (
   ``quant.matmul.layout.prepare`` (uint8 zero points), for the heuristic config and a small sweep
   around it; the best is kept. Also ``ours_triton_api``: the public ``quant.int4_matmul(x, qw,
   implementation="triton")`` on the plain QuantizedWeight (int32 zeros), heuristic config.
+  (d) ``ours-mosaic`` (``--impls`` includes "mosaic"): ``quant.matmul.mosaic.int4_matmul`` (Hopper
+  wgmma, decode path, M <= 64) on weights prepared once by ``layout.prepare_mosaic`` (planar
+  layout), the heuristic MosaicConfig and a small sweep; M > 64 is recorded as not served.
   Every variant is first checked against the float32 reference ``x @ dequantize(qw)``
   (mean|y - ref| / mean|ref| above ``TOL`` marks it wrong, never timed);
 * CUPTI kernel time (median of ``--iters``; wall clock, flagged, when CUPTI is unavailable) of
@@ -22,6 +25,7 @@ need), then the sweep; no new measurement starts after ``--budget-s`` and the JS
 over xla-bf16 by M, one line per shape, the issue's bars dashed) and a table on stdout.
 
   python3 benchmarks/w4a16.py --out /tmp/w4a16             # the full grid, on the GPU
+  python3 benchmarks/w4a16.py --out /tmp/w4a16 --impls mosaic    # only the Mosaic GPU kernel
   python3 benchmarks/w4a16.py --out /tmp/w4a16 --quick     # tiny shapes, on CPU (logic only)
   python3 benchmarks/w4a16.py --plot-only /tmp/w4a16/w4a16.json
 """
@@ -49,8 +53,10 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import quant  # pylint: disable=wrong-import-position
 import timing  # pylint: disable=wrong-import-position
 from quant.matmul import layout  # pylint: disable=wrong-import-position
+from quant.matmul import mosaic as w4_mosaic  # pylint: disable=wrong-import-position
 from quant.matmul import triton as w4_triton  # pylint: disable=wrong-import-position
-from quant.matmul.config import Config, default_config  # pylint: disable=wrong-import-position
+from quant.matmul.config import (Config, MosaicConfig, default_config,  # pylint: disable=wrong-import-position
+                                 default_mosaic_config)
 
 MS = (1, 16, 64, 256)
 SHAPES = ((8192, 28672), (28672, 8192), (8192, 8192))
@@ -61,6 +67,29 @@ L2_BYTES = 60e6
 HBM_TBPS = 4.4                 # practical HBM bandwidth (BENCHMARKS.md)
 TOL = 5e-3                     # bf16 output rounding alone gives ~1.3e-3
 BARS = {1: 3.7, 16: 3.7, 64: 3.0, 256: 1.2}
+IMPLS = ("triton", "mosaic")
+
+
+def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicConfig]:
+  """The heuristic MosaicConfig first, then a few neighbours (misfits and duplicates dropped);
+  empty when the kernel does not serve the shape (M > 64)."""
+  try:
+    base = default_mosaic_config(m=m, k=k, n=n, group_size=GROUP)
+  except NotImplementedError:
+    return []
+  rep = dataclasses.replace
+  cands = [rep(base, split_k=base.split_k * 2), rep(base, split_k=max(1, base.split_k // 2)),
+           rep(base, num_stages=2), rep(base, num_stages=6), rep(base, block_k=256),
+           rep(base, block_k=256, split_k=base.split_k * 2)]
+  out = [base]
+  for c in cands[: 1 if quick else None]:
+    try:
+      c = w4_mosaic.resolve_config(c, m=m, k=k, n=n, group_size=GROUP, asym=True)
+    except NotImplementedError:
+      continue
+    if c not in out:
+      out.append(c)
+  return out
 
 
 def sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[Config]:
@@ -132,6 +161,12 @@ class Problem:
   pws: list            # the same weights after layout.prepare (uint8 zero points)
   dense: list
   ref_w: jax.Array
+  mosaic: dict = dataclasses.field(default_factory=dict)   # block_k -> prepared MosaicWeights
+
+  def mosaic_weights(self, block_k: int) -> list:
+    if block_k not in self.mosaic:
+      self.mosaic[block_k] = [layout.prepare_mosaic(q, block_k=block_k) for q in self.qws]
+    return self.mosaic[block_k]
 
   @classmethod
   def make(cls, k: int, n: int, *, quick: bool) -> "Problem":
@@ -149,7 +184,7 @@ def measure_peers(p: Problem, m: int, *, iters: int) -> dict[str, Any]:
   """Row of one (M, K, N): XLA bf16 and XLA int4 kernel times."""
   row: dict[str, Any] = dict(m=m, k=p.k, n=p.n, group_size=GROUP, copies=p.copies,
                              floor_ms=p.k * p.n / 2 / (HBM_TBPS * 1e12) * 1e3,
-                             ours_triton_sweep=[])
+                             ours_triton_sweep=[], ours_mosaic_sweep=[])
   x = _x(m, p.k)
   peers = (("xla_bf16", lambda x, w: x @ w, p.dense),
            ("xla_int4", lambda x, qw: x @ quant.dequantize(qw, dtype=x.dtype), p.qws))
@@ -204,9 +239,33 @@ def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
     row["hbm_fraction"] = row["floor_ms"] / best["ms"]
 
 
+def measure_mosaic(p: Problem, row: dict[str, Any], cfg: MosaicConfig, *, iters: int,
+                   interpret: bool) -> None:
+  """Checks ``cfg`` (prepared planar weights) against the reference, times it, keeps the best."""
+  fn = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=interpret)
+  try:
+    weights = p.mosaic_weights(cfg.block_k)
+  except Exception as e:  # pylint: disable=broad-except
+    row["ours_mosaic_sweep"].append(dict(config=dataclasses.asdict(cfg),
+                                         error=f"{type(e).__name__}: {e}"[:2000]))
+    return
+  entry = dict(config=dataclasses.asdict(cfg), **_check_and_time(p, row["m"], fn, weights,
+                                                                  iters=iters))
+  row["ours_mosaic_sweep"].append(entry)
+  timed = [e for e in row["ours_mosaic_sweep"] if "ms" in e]
+  if timed:
+    best = min(timed, key=lambda e: e["ms"])
+    row["ours_mosaic"] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
+                              method=best["method"])
+    for peer in ("xla_bf16", "xla_int4"):
+      if "ms" in row.get(peer, {}):
+        row[f"mosaic_speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
+
+
 def table(results: list[dict[str, Any]]) -> str:
   lines = [f"{'M x K x N':>20} {'bf16 ms':>8} {'int4xla':>8} {'ours ms':>8} {'api ms':>8} "
-           f"{'vs bf16':>8} {'vs int4':>8} {'%HBM':>5}  best config / error"]
+           f"{'vs bf16':>8} {'vs int4':>8} {'%HBM':>5} {'mosaic':>8} {'vs bf16':>8}  "
+           f"best config / error"]
   for r in results:
     def ms(name):
       v = r.get(name, {}).get("ms")
@@ -221,10 +280,15 @@ def table(results: list[dict[str, Any]]) -> str:
     else:
       errs = [e.get("error", "") for e in r.get("ours_triton_sweep", [])]
       note = r.get("error") or (errs[0][:80] if errs else "")
+    if "ours_mosaic" in r:
+      c = r["ours_mosaic"]["config"]
+      note += f" | mosaic k{c['block_k']} s{c['split_k']} st{c['num_stages']}"
+    elif r.get("ours_mosaic_sweep"):
+      note += " | mosaic: " + r["ours_mosaic_sweep"][0].get("error", "")[:60]
     lines.append(f"{r['m']:>5} x {r['k']:>5} x {r['n']:>5} {ms('xla_bf16')} {ms('xla_int4')} "
                  f"{ms('ours_triton')} {ms('ours_triton_api')} {sp('speedup_vs_xla_bf16')} "
                  f"{sp('speedup_vs_xla_int4')} "
-                 f"{hbm}  {note}")
+                 f"{hbm} {ms('ours_mosaic')} {sp('mosaic_speedup_vs_xla_bf16')}  {note}")
   return "\n".join(lines)
 
 
@@ -243,6 +307,11 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
            if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("ours_triton_api", {})]
     if pts:
       ax.plot(*zip(*pts), "--", color=color, lw=0.9, label=f"ours via quant.int4_matmul K={k} N={n}")
+    pts = [(r["m"], r["mosaic_speedup_vs_xla_bf16"]) for r in rows
+           if "mosaic_speedup_vs_xla_bf16" in r]
+    if pts:
+      ax.plot(*zip(*pts), "-s", color=color, alpha=0.7, mfc="none",
+              label=f"ours-mosaic K={k} N={n}")
     pts = [(r["m"], r["xla_bf16"]["ms"] / r["xla_int4"]["ms"]) for r in rows
            if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("xla_int4", {})]
     if pts:
@@ -273,7 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--budget-s", type=float, default=240.0,
                       help="no new measurement starts after this many seconds")
   parser.add_argument("--plot-only", metavar="JSON", default=None)
+  parser.add_argument("--impls", default=",".join(IMPLS),
+                      help=f"comma-separated kernels of ours to run, from {IMPLS}")
   args = parser.parse_args(argv)
+  impls = tuple(i for i in args.impls.split(",") if i)
+  if not impls or set(impls) - set(IMPLS):
+    parser.error(f"--impls must be a comma-separated subset of {IMPLS}, got {args.impls!r}")
 
   if args.plot_only:
     with open(args.plot_only) as f:
@@ -290,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   start = time.time()
   meta = timing.metadata()
   meta.update(group_size=GROUP, iters=args.iters, quick=args.quick, partial=True,
-              l2_bytes=L2_BYTES, hbm_tbps=HBM_TBPS)
+              l2_bytes=L2_BYTES, hbm_tbps=HBM_TBPS, impls=list(impls))
   results: list[dict[str, Any]] = []
   path = os.path.join(args.out, "w4a16.json")
 
@@ -313,17 +387,25 @@ def main(argv: Sequence[str] | None = None) -> int:
       continue
     for m in ms:
       row = measure_peers(p, m, iters=iters)
-      configs = sweep_configs(m, k, n, quick=args.quick)
+      configs = sweep_configs(m, k, n, quick=args.quick) if "triton" in impls else []
+      mconfigs = mosaic_sweep_configs(m, k, n, quick=args.quick) if "mosaic" in impls else []
+      if "mosaic" in impls and not mconfigs:
+        row["ours_mosaic_sweep"].append(dict(error=f"not served: M={m} > 64 (decode kernel)"))
       if time.time() < deadline:
-        measure_ours(p, row, configs[0], iters=iters, interpret=interpret)
+        if configs:
+          measure_ours(p, row, configs[0], iters=iters, interpret=interpret)
+        if mconfigs:
+          measure_mosaic(p, row, mconfigs[0], iters=iters, interpret=interpret)
       else:
         row["error"] = "time budget spent"
-      rows.append((p, row, configs[1:]))
+      sweep = ([(measure_ours, c) for c in configs[1:]] +
+               [(measure_mosaic, c) for c in mconfigs[1:]])
+      rows.append((p, row, sweep))
       emit(row)
   # Pass 2: the public path (QuantizedWeight, int32 zeros, heuristic config) for every row, then
   # the sweep around the heuristic, round-robin over the rows while the budget lasts.
   for p, row, _ in rows:
-    if time.time() < deadline:
+    if time.time() < deadline and "triton" in impls:
       measure_api(p, row, iters=iters, interpret=interpret)
   for i in range(max((len(c) for _, _, c in rows), default=0)):
     for p, row, configs in rows:
@@ -332,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       if time.time() > deadline:
         row["note"] = "sweep cut short by the time budget"
         continue
-      measure_ours(p, row, configs[i], iters=iters, interpret=interpret)
+      measure, cfg = configs[i]
+      measure(p, row, cfg, iters=iters, interpret=interpret)
       timing.write_json(path, dict(meta=meta, results=results))
   print("after the sweep:")
   meta.update(partial=False, elapsed_s=time.time() - start)
