@@ -21,8 +21,9 @@ Data flow of one CTA (one warpgroup; grid ``(N/64, split_k)``), step ``t`` of it
   scale / zero rows of step ``t + num_stages - 1`` into a ring of ``num_stages`` SMEM slots;
 * the warpgroup loads the word tile to registers once, and for each nibble ``i`` (a "plane" of
   ``block_k/8`` contiguous K columns, thanks to ``layout.MosaicWeight``'s planar packing) forms
-  ``q - z`` with a shift, a mask and a subtract, stores it as bf16/f16 into one of two swizzled
-  SMEM planes, ``commit_smem``, and issues ``wgmma(acc, plane, x_plane^T)``;
+  ``q - z`` as ``(B + q) - (B + z)`` (a shift, a mask, an OR into the mantissa of the 16-bit
+  magic number B, and one 16-bit subtract: no int -> float conversion), stores it into one of
+  two swizzled SMEM planes, ``commit_smem``, and issues ``wgmma(acc, plane, x_plane^T)``;
 * one ``plgpu.ACC`` accumulator per group (or per step when a group spans several steps, then
   summed in registers), scaled once it is complete.
 
@@ -60,6 +61,8 @@ from quant.matmul.config import (MosaicConfig, default_mosaic_config, fit_mosaic
                                  mosaic_m_pad)
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# 16-bit pattern of B with B + q exact for q < 16 (OR q into the mantissa), by operand dtype.
+_MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6400, 1024.0)}
 PLANES = layout.PLANES
 BN = layout.TILE_N
 
@@ -75,6 +78,8 @@ class Statics:
   sym: bool
   zero: float           # symmetric zero point 2**(bits - 1)
   dtype: jnp.dtype      # activation / wgmma operand dtype
+  magic_bits: int       # 16-bit pattern of B (bf16 0x4300 = 128, f16 0x6400 = 1024)
+  magic: float          # B
 
   @property
   def span(self) -> int:
@@ -143,17 +148,20 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     planes_per_group = PLANES // gps
     partials = []
     for g in range(gps):
+      # B + z in the operand dtype (exact: B + z < 2B), B the magic number of ``_MAGIC``.
       if st.sym:
-        zero = jnp.float32(st.zero)
+        zero = jnp.asarray(st.magic + st.zero, st.dtype)
       else:
         zvec = plgpu.load(z_ring.at[slot, g], (), layout=row_vec).astype(jnp.float32)
-        zero = lax.broadcast_in_dim(zvec, (BN, span), [0])
+        zero = lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span), [0])
 
       def mma(acc_ref, g=g, zero=zero):
         for j in range(planes_per_group):
           p = g * planes_per_group + j
-          codes = lax.shift_right_logical(words, jnp.int32(4 * p)) & 0xF
-          vals = (codes.astype(jnp.float32) - zero).astype(st.dtype)     # q - z: exact
+          # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
+          # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q.
+          codes = (lax.shift_right_logical(words, jnp.int32(4 * p)) & 0xF) | st.magic_bits
+          vals = lax.bitcast_convert_type(codes.astype(jnp.int16), st.dtype) - zero
           buf = p % 2
           if j >= 2:
             plgpu.wgmma_wait(1)        # the wgmma that read this buffer (plane p - 2) is done
@@ -387,7 +395,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   st = Statics(m_pad=m_pad, steps=ks // cfg.block_k, block_k=cfg.block_k,
                seg=ks if per_channel else min(static.group_size, ks),
                stages=cfg.num_stages, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
-               dtype=jnp.dtype(x.dtype))
+               dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
+               magic=_MAGIC[jnp.dtype(x.dtype)][1])
   # x in planes: xt[c, m, :] holds x's columns [c*span, (c+1)*span); zero padding is harmless
   # (padded weight codes and scales are 0 as well).
   xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))
