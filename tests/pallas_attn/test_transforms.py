@@ -99,12 +99,11 @@ def test_shard_map_over_batch_and_heads(backend, segments, check_vma, request):
   if backend == "xla":
     request.applymarker(pytest.mark.xfail(reason=_XLA_SHAPES, strict=False))
   elif backend == "mosaic" and jax.default_backend() != "gpu":
-    # JAX 0.11.2's Mosaic GPU interpreter simulates one device's shared memory: run on the 8
-    # simulated devices of a mesh it fails its own bookkeeping ("Barrier remains allocated");
-    # with check_vma=True the Triton backward's interpreter fails first (TypeError, see below).
-    request.applymarker(pytest.mark.xfail(
-        raises=(jax.errors.JaxRuntimeError, TypeError), strict=True,
-        reason="finding: jax 0.11.2 Mosaic GPU interpret mode does not run under shard_map"))
+    # JAX 0.11.2's Mosaic GPU interpreter simulates one device's shared memory: on the 8
+    # simulated devices of a mesh it either fails its own bookkeeping ("Barrier remains
+    # allocated") or deadlocks (seen in CI), so it is not run at all; compiled on a GPU it is.
+    pytest.skip("finding: jax 0.11.2 Mosaic GPU interpret mode cannot run under shard_map on "
+                "several simulated devices (errors or hangs); runs compiled on a GPU")
   elif check_vma and jax.default_backend() != "gpu":
     # The kernel's pallas_call declares varying outputs and aligns its operands' vma (ops.py),
     # but JAX's Pallas HLO interpreter turns refs into non-varying scan carries and its own vma

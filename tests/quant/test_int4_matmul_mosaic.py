@@ -25,8 +25,8 @@ from test_int4_matmul_triton import _check, _dequantize_np, _h200, _weight, _x
 BF16, F16 = jnp.bfloat16, jnp.float16
 
 
-def _cfg(block_k, split_k=1, num_stages=3):
-  return MosaicConfig(block_k=block_k, split_k=split_k, num_stages=num_stages)
+def _cfg(block_k, split_k=1, num_stages=3, block_n=128):
+  return MosaicConfig(block_k=block_k, split_k=split_k, num_stages=num_stages, block_n=block_n)
 
 
 # (m, k, n, group_size, sym, act_order, dtype, bias, config): M in {1, 2, 3, 8, 16, 31}, K and N
@@ -39,6 +39,8 @@ CASES = [
     (8, 264, 70, -1, False, False, BF16, False, None),                 # per-channel, K padded
     (16, 1024, 128, 128, False, True, F16, False, _cfg(256, split_k=2)),   # 2 steps per group
     (31, 512, 200, 64, True, False, BF16, True, _cfg(128, num_stages=2)),  # 2 groups per step
+    (5, 2048, 256, 64, True, False, BF16, False, _cfg(128, split_k=2, num_stages=2, block_n=256)),
+    (8, 512, 128, 128, False, True, BF16, True, _cfg(512, num_stages=2, block_n=64)),
     (2, 2048, 64, -1, True, False, BF16, True, _cfg(512, split_k=2, num_stages=2)),
     (1, 1024, 64, 512, False, False, F16, False, _cfg(256, split_k=2, num_stages=4)),
     (3, 256, 64, 16, False, False, BF16, True, None),                  # groups of 16: 32 B swizzle
@@ -109,7 +111,7 @@ def test_three_bit_codes():
 # MosaicConfig and heuristic
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [("block_n", 128), ("block_k", 64), ("block_k", 1024),
+@pytest.mark.parametrize("field,value", [("block_n", 96), ("block_n", 512), ("block_k", 64), ("block_k", 1024),
                                          ("num_stages", 1), ("num_stages", 9), ("split_k", 0),
                                          ("split_k", 1.5)])
 def test_config_rejects_bad_values(field, value):
@@ -138,6 +140,8 @@ def test_default_config_is_valid(group_size):
         assert cfg.block_k == 512                      # 128-byte swizzle when the groups allow
   cfg = default_mosaic_config(m=1, k=28672, n=8192, group_size=128)
   assert cfg.split_k >= 2                              # 128 column tiles: K split across the SMs
+  cfg = default_mosaic_config(m=3, k=512, n=192, group_size=128)
+  assert cfg.block_n == 64                             # 3 tiles of 64: no 128-row CTA fits
 
 
 def test_fit_lowers_stages_to_fit_smem():
@@ -239,8 +243,10 @@ def _abstract_weight(k, n, *, group_size, sym, act_order):
     (64, 4096, 1024, -1, False, False, BF16, None),                     # widest wgmma N here
     (8, 4096, 256, 128, False, False, BF16, MosaicConfig(block_k=128, num_stages=8)),  # 32 B
     (2, 8192, 1024, 64, True, False, F16, MosaicConfig(block_k=512, split_k=4)),
+    (16, 8192, 4096, 128, False, False, BF16, MosaicConfig(block_n=256, num_stages=2)),
+    (1, 4096, 4096, 128, True, True, BF16, MosaicConfig(block_n=64, num_stages=4, split_k=2)),
 ], ids=["decode", "split_act_order_f16", "g32", "per_channel_padded", "m64", "bk128",
-        "g64_split4"])
+        "g64_split4", "four_warpgroups", "one_warpgroup"])
 def test_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, act_order, dtype, config):
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
