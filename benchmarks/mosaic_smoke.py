@@ -1,7 +1,8 @@
 """First compiled run of the Mosaic GPU (FA3) forward: does it compile, is it right, how fast?
 
 Small correctness cases against the float32 reference (forward and gradients), then forward
-kernel time at (4, 4096, 16, 128) bf16 against cuDNN and our Triton backend in the same process.
+and forward+backward kernel time at (4, 4096, 16, 128) bf16 against cuDNN and our Triton backend
+in the same process.
 Every step is guarded, printed as it finishes and kept in ``OUT/mosaic_smoke.json``:
 
   PYTHONPATH=$PWD python3 benchmarks/mosaic_smoke.py --out $OUT [--budget-s 110]
@@ -87,15 +88,20 @@ def speed(b, t, n, h, causal) -> dict:
       "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                              implementation="cudnn"),
   }
+  flops_fb = timing.attention_flops(b, n, t, t, h, causal=causal, mode="fwdbwd")
   for name, fn in impls.items():
-    try:
-      tm = timing.measure(jax.jit(fn), (q, k, v), iterations=10)
-      row[f"{name}_ms"] = tm.ms
-      row[f"{name}_tflops"] = timing.tflops(flops, tm.ms)
-      row[f"{name}_method"] = tm.method
-    except Exception as e:  # pylint: disable=broad-except
-      row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:800]}"
-    print(row, flush=True)
+    def fwd_bwd(q, k, v, fn=fn):
+      return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)),
+                      argnums=(0, 1, 2))(q, k, v)
+    for mode, f, fl in (("fwd", fn, flops), ("fwdbwd", fwd_bwd, flops_fb)):
+      try:
+        tm = timing.measure(jax.jit(f), (q, k, v), iterations=10)
+        row[f"{name}_{mode}_ms"] = tm.ms
+        row[f"{name}_{mode}_tflops"] = timing.tflops(fl, tm.ms)
+        row[f"{name}_{mode}_method"] = tm.method
+      except Exception as e:  # pylint: disable=broad-except
+        row[f"{name}_{mode}_error"] = f"{type(e).__name__}: {str(e)[:800]}"
+      print(row, flush=True)
   return row
 
 
