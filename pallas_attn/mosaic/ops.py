@@ -15,6 +15,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as plgpu_triton
 
 from pallas_attn import masks
+from pallas_attn.vma import match_vma, out_struct, vma
 from pallas_attn.mosaic import autotune, backward, kernels
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.triton import kernels as triton_kernels
@@ -138,7 +139,7 @@ def _delta(do, out, dlse, block: int, interpret):
   row = pl.BlockSpec((None, None, block), lambda i, bb, nn: (bb, nn, i))
   return pl.pallas_call(
       triton_kernels.delta_kernel, grid=(t // block, b, n), in_specs=[tile, tile, row],
-      out_specs=row, out_shape=triton_ops._out_struct((b, n, t), jnp.float32, out),
+      out_specs=row, out_shape=out_struct((b, n, t), jnp.float32, out),
       compiler_params=plgpu_triton.CompilerParams(num_warps=4, num_stages=1),
       interpret=bool(interpret), name="flash_attention_delta")(do, out, dlse)
 
@@ -179,18 +180,18 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         masks.kv_block_ranges(block_q=bq, block_k=kernels.COMPUTE_WGS * bkv, **common),
         num_k_blocks=tk // (kernels.COMPUTE_WGS * bkv))
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
-  axes = frozenset().union(*(triton_ops._vma(x) for x in base + segs))
+  axes = frozenset().union(*(vma(x) for x in base + segs))
 
   def call(kernel, scratch, grid, names, out_type, meta):
     inputs = base + ([meta] if meta is not None else []) + segs
     if axes:
-      inputs = triton_ops._match_vma(inputs, axes)
+      inputs = match_vma(inputs, axes)
     outs = plgpu.kernel(
         kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=names,
         num_threads=kernels.COMPUTE_WGS + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if interpret else None)(*inputs)
-    return triton_ops._match_vma(list(outs), axes) if axes else list(outs)
+    return match_vma(list(outs), axes) if axes else list(outs)
 
   (dq,) = call(functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
                backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
@@ -254,9 +255,9 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
 
   # Inside shard_map(check_vma=True) the outputs must vary over q's mesh axes, and every operand
   # over the same ones (as in the Triton backend).
-  axes = frozenset().union(*(triton_ops._vma(x) for x in inputs))
+  axes = frozenset().union(*(vma(x) for x in inputs))
   if axes:
-    inputs = triton_ops._match_vma(inputs, axes)
+    inputs = match_vma(inputs, axes)
   smem_types, bar_types = kernels.scratch_types(st=st, head_dim=hp, dtype=q.dtype,
                                                 has_meta=has_meta)
   out, lse = plgpu.kernel(
@@ -274,5 +275,5 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   if axes:
     # plgpu.kernel traces its body with the vma check off and returns non-varying types: mark the
     # outputs as varying like the inputs they are computed from.
-    out, lse = triton_ops._match_vma([out, lse], axes)
+    out, lse = match_vma([out, lse], axes)
   return out[:, :t, :, :h], lse[:, :, :t]

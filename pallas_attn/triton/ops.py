@@ -11,6 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_attn import masks
+from pallas_attn.vma import match_vma, out_struct, vma
 from pallas_attn.triton import kernels
 from pallas_attn.triton.config import (SMEM_LIMIT_BYTES, Config, default_config, fit_to_lengths,
                                        forward_smem_bytes)
@@ -30,27 +31,6 @@ class _Plan:
   seq_k: int          # padded S
   head_dim: int       # padded H
   interpret: bool
-
-
-def _vma(x) -> frozenset:
-  return frozenset(jax.typeof(x).mat.varying)
-
-
-def _match_vma(arrays, axes: frozenset):
-  """Inside ``shard_map(check_vma=True)``: make every operand vary over the same mesh axes.
-
-  Integer side inputs (block ranges, lengths) built from constants are not varying, while q/k/v
-  are; the kernel mixes them, which the vma checker rejects unless they agree.
-  """
-  out = []
-  for x in arrays:
-    missing = axes - _vma(x) if x is not None else frozenset()
-    out.append(jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x)
-  return out
-
-
-def _out_struct(shape, dtype, like):
-  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).mat)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -151,10 +131,10 @@ def _prepare(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segme
                          kv_seg=kv_segment_ids)
   kv_len2d = None if kv_len is None else kv_len[:, None]
   args = [pad(q, tq), pad(k, tk), pad(v, tk), kv_len2d, q_seg, kv_seg]
-  axes = frozenset().union(*(_vma(x) for x in args + list(ranges or ()) if x is not None))
+  axes = frozenset().union(*(vma(x) for x in args + list(ranges or ()) if x is not None))
   if axes:
-    args = _match_vma(args, axes)
-    ranges = None if ranges is None else tuple(_match_vma(ranges, axes))
+    args = match_vma(args, axes)
+    ranges = None if ranges is None else tuple(match_vma(ranges, axes))
   return plan, args, ranges
 
 
@@ -211,8 +191,8 @@ def _forward(q, k, v, ranges, kv_len, q_seg, kv_seg, plan: _Plan):
       grid=(nq, plan.batch, plan.heads),
       in_specs=in_specs,
       out_specs=[q_tile, pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i))],
-      out_shape=[_out_struct(q.shape, q.dtype, q),
-                 _out_struct((plan.batch, plan.heads, plan.seq_q), jnp.float32, q)],
+      out_shape=[out_struct(q.shape, q.dtype, q),
+                 out_struct((plan.batch, plan.heads, plan.seq_q), jnp.float32, q)],
       compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
       interpret=plan.interpret,
       name="flash_attention_fwd",
@@ -230,7 +210,7 @@ def _delta(do, out, dlse, plan: _Plan):
       grid=(plan.seq_q // bq, plan.batch, plan.heads),
       in_specs=[tile, tile, row],
       out_specs=row,
-      out_shape=_out_struct((plan.batch, plan.heads, plan.seq_q), jnp.float32, out),
+      out_shape=out_struct((plan.batch, plan.heads, plan.seq_q), jnp.float32, out),
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=plan.interpret,
       name="flash_attention_delta",
@@ -265,7 +245,7 @@ def _flash_bwd(plan: _Plan, res, cotangents):
           all_q, kv_tile, kv_tile, all_q, rows, rows,
       ],
       out_specs=[kv_tile, kv_tile],
-      out_shape=[_out_struct(k.shape, k.dtype, k), _out_struct(v.shape, v.dtype, v)],
+      out_shape=[out_struct(k.shape, k.dtype, k), out_struct(v.shape, v.dtype, v)],
       compiler_params=plgpu.CompilerParams(num_warps=cfg.bwd_num_warps,
                                            num_stages=cfg.bwd_num_stages),
       interpret=plan.interpret,
@@ -290,7 +270,7 @@ def _flash_bwd(plan: _Plan, res, cotangents):
           q_tile, full_kv, full_kv, q_tile, row_tile, row_tile,
       ],
       out_specs=q_tile,
-      out_shape=_out_struct(q.shape, q.dtype, q),
+      out_shape=out_struct(q.shape, q.dtype, q),
       compiler_params=plgpu.CompilerParams(num_warps=cfg.bwd_num_warps,
                                            num_stages=cfg.bwd_num_stages),
       interpret=plan.interpret,
