@@ -172,20 +172,22 @@ SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
 class MosaicConfig:
   """Tiles of the Mosaic GPU W4A16 kernel (frozen, hashable: a static jit argument).
 
-  A CTA (one warpgroup) owns ``block_n = 64`` output features (wgmma's M side) and one of
+  A CTA owns ``block_n`` output features, 64 per warpgroup (wgmma's M side; the warpgroups share
+  one copy of x's slice, so x is read from L2 once per ``block_n`` features), and one of
   ``split_k`` contiguous slices of K, which it walks ``block_k`` rows per step through a ring of
   ``num_stages`` SMEM buffers filled by TMA. ``block_k / 8`` is also the width of one wgmma
   operand (one nibble plane), so it fixes the swizzle (16 -> 32 B, 32 -> 64 B, 64 -> 128 B) and
   the planar weight layout (``layout.prepare_mosaic(qw, block_k=...)``).
   """
-  block_n: int = 64
+  block_n: int = 128
   block_k: int = 512
   num_stages: int = 4
   split_k: int = 1
 
   def __post_init__(self):
-    if self.block_n != 64:
-      raise ValueError(f"MosaicConfig.block_n must be 64 (one warpgroup), got {self.block_n!r}")
+    if self.block_n not in (64, 128, 256):
+      raise ValueError(f"MosaicConfig.block_n must be 64, 128 or 256 (1, 2 or 4 warpgroups), "
+                       f"got {self.block_n!r}")
     if self.block_k not in MOSAIC_BLOCK_K:
       raise ValueError(f"MosaicConfig.block_k must be one of {MOSAIC_BLOCK_K}, "
                        f"got {self.block_k!r}")
@@ -230,32 +232,44 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
 
 
 def fit_mosaic_config(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
-                      asym: bool = True) -> MosaicConfig:
-  """Lowers num_stages until the ring fits in SMEM, then checks the shape (NotImplementedError)."""
-  while (cfg.num_stages > 2 and
-         mosaic_smem_bytes(cfg, m=m, asym=asym) > SMEM_BYTES):
-    cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+                      asym: bool = True, n: int | None = None) -> MosaicConfig:
+  """Halves block_n until it divides N (padded to 64); lowers num_stages (to 2), then block_n,
+  until the CTA fits in SMEM; then checks the shape (NotImplementedError)."""
+  if n is not None:
+    tiles = -(-n // 64)
+    while tiles % (cfg.block_n // 64):
+      cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+  while mosaic_smem_bytes(cfg, m=m, asym=asym) > SMEM_BYTES:
+    if cfg.num_stages > 2:
+      cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    elif cfg.block_n > 64:
+      cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+    else:
+      break                                        # check_mosaic_shape raises
   check_mosaic_shape(cfg, m=m, k=k, group_size=group_size, asym=asym)
   return cfg
 
 
 def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool = True,
                           num_sms: int = NUM_SMS) -> MosaicConfig:
-  """Heuristic MosaicConfig: widest plane the groups allow, a 4-deep ring, K split for the SMs.
+  """Heuristic MosaicConfig: widest plane the groups allow, two warpgroups sharing x, a 3-deep
+  ring, K split for the SMs. (A guess until it is timed on an H200: see benchmarks/w4a16.py.)
 
-  block_k = 512 (128-byte swizzle, 16 KiB of int4 per step) unless the groups are shorter than
-  a plane of 64 rows. Decode streams the weight once, so the grid should cover the SMs about
-  twice: ``split_k`` doubles while there are fewer than ``2 * num_sms`` CTAs and each split keeps
-  at least 1024 rows of K (partial sums are reduced by XLA).
+  block_k = 512 (128-byte swizzle, 16 KiB of int4 per 64 features per step) unless the groups
+  are shorter than a plane of 64 rows. block_n = 128 halves the L2 -> SMEM traffic of x (for
+  M <= 8, x padded to 8 rows is half the weight's bytes per 64 features). Decode streams the
+  weight once, so the grid should hold about two warpgroups per SM: ``split_k`` doubles while
+  there are fewer than ``2 * num_sms`` 64-feature tiles and each split keeps at least 1024 rows
+  of K (partial sums are reduced by XLA).
   """
   per_channel = group_size >= k
   bk = 512
   if not per_channel:
     while bk > 128 and (group_size % (bk // 8) or (group_size % bk and bk % group_size)):
       bk //= 2
-  cfg = fit_mosaic_config(MosaicConfig(block_k=bk, num_stages=4), m=m, k=k,
-                          group_size=group_size, asym=asym)
-  tiles = -(-n // cfg.block_n)
+  cfg = fit_mosaic_config(MosaicConfig(block_n=128, block_k=bk, num_stages=3), m=m, k=k,
+                          group_size=group_size, asym=asym, n=n)
+  tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
   unit = bk if per_channel else max(bk, group_size)
   kp = -(-k // unit) * unit
   split = 1

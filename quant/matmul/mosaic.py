@@ -75,6 +75,7 @@ class Statics:
   block_k: int          # K rows per step (8 planes)
   seg: int              # K rows sharing one scale inside a split (group, or the split)
   stages: int
+  wgs: int              # consumer warpgroups per CTA (block_n / 64)
   sym: bool
   zero: float           # symmetric zero point 2**(bits - 1)
   dtype: jnp.dtype      # activation / wgmma operand dtype
@@ -105,16 +106,23 @@ def _tiled(span: int) -> tuple:
 
 
 def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
-  """One CTA: rows ``[64 n, 64 (n + 1))`` of ``y^T`` from split ``k`` of K (grid ``(n, k)``).
+  """One CTA: rows ``[bn i, bn (i + 1))`` of ``y^T`` from split ``k`` of K (grid ``(i, k)``).
+
+  ``st.wgs`` warpgroups (threads "wg") each own 64 of the CTA's ``bn = 64 wgs`` rows and share
+  the x slice, so x is read from L2 once per ``bn`` rows instead of once per 64. Warpgroup 0
+  issues every TMA; with several warpgroups a slot is refilled only after all of them arrived
+  on its ``free`` barrier.
 
   Refs (GMEM): xt ``[Kp/span, m_pad, span]`` (x in planes), qt int32 ``[Np, Kp/8]`` (planar
   words), s ``[Gp, Np]``, z ``[Gp, Np]`` bf16 or None, o float32 ``[split_k, Np, m_pad]``.
-  Scratch: the TMA ring (words, x, scales, zeros), two dequantized planes, the output tile and
-  one barrier per ring slot.
+  Scratch: the TMA ring (words, x, scales, zeros), two dequantized planes and an output tile per
+  warpgroup, and the ``ready`` / ``free`` barriers of each ring slot.
   """
-  w_ring, x_ring, s_ring, z_ring, planes, o_smem, ready = scratch
-  span, stages, gps = st.span, st.stages, st.groups_per_step
-  n0 = lax.axis_index("n") * BN
+  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free = scratch
+  span, stages, gps, wgs = st.span, st.stages, st.groups_per_step, st.wgs
+  wg = lax.axis_index("wg")
+  planes, o_smem = planes2.at[wg], o_smem2.at[wg]
+  n0 = lax.axis_index("n") * (BN * wgs)
   t_base = lax.axis_index("k") * st.steps          # first global step of this split
   rows_per_scale = st.seg // st.block_k if st.long_groups else 1
   wgmma_layout = plgpu.Layout.WGMMA
@@ -125,34 +133,41 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     slot = lax.rem(t, stages)
     gt = t_base + t
     bar = ready.at[slot]
-    plgpu.copy_gmem_to_smem(qt_ref.at[pl.ds(n0, BN), pl.ds(gt * span, span)], w_ring.at[slot],
-                            bar)
     plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
     # Scale rows of this step: gps groups (short groups) or the one group it belongs to.
     g0 = gt // rows_per_scale if st.long_groups else gt * gps
     if s_ref.shape[0] == 1:
       g0 = 0                                       # per-channel: one row for all of K
-    plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), pl.ds(n0, BN)], s_ring.at[slot], bar)
-    if not st.sym:
-      plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), pl.ds(n0, BN)], z_ring.at[slot], bar)
+    for w in range(wgs):
+      rows = pl.ds(n0 + w * BN, BN)
+      plgpu.copy_gmem_to_smem(qt_ref.at[rows, pl.ds(gt * span, span)], w_ring.at[slot, w], bar)
+      plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), rows], s_ring.at[slot, w], bar)
+      if not st.sym:
+        plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), rows], z_ring.at[slot, w], bar)
 
   def step_partials(t):
-    """Waits for step ``t``'s data and returns its float32 partials, one per group in it."""
-    @pl.when(t + stages - 1 < st.steps)
+    """Waits for step ``t``'s data; returns its float32 partials and scales, one per group."""
+    @pl.when(jnp.logical_and(wg == 0, t + stages - 1 < st.steps))
     def _prefetch():
-      issue(t + stages - 1)        # its slot was last read by step t - 1, whose wgmmas are done
+      if wgs > 1:
+        # Slot of step t - 1: every warpgroup has finished with it (t = 0: still empty).
+        @pl.when(t > 0)
+        def _():
+          plgpu.barrier_wait(free.at[lax.rem(t - 1, stages)])
+      # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
+      issue(t + stages - 1)
 
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
-    words = plgpu.load(w_ring.at[slot], (), layout=wgmma_layout)      # int32 [64, span]
+    words = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)  # int32 [64, span]
     planes_per_group = PLANES // gps
-    partials = []
+    partials, scales = [], []
     for g in range(gps):
       # B + z in the operand dtype (exact: B + z < 2B), B the magic number of ``_MAGIC``.
       if st.sym:
         zero = jnp.asarray(st.magic + st.zero, st.dtype)
       else:
-        zvec = plgpu.load(z_ring.at[slot, g], (), layout=row_vec).astype(jnp.float32)
+        zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
         zero = lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span), [0])
 
       def mma(acc_ref, g=g, zero=zero):
@@ -172,15 +187,18 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
         return acc_ref[...]
 
       partials.append(pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32)))
-    return slot, partials
-
-  def scaled(acc, slot, g):
-    s = plgpu.load(s_ring.at[slot, g], (), layout=row_vec).astype(jnp.float32)
-    return lax.broadcast_in_dim(s, acc.shape, [0]) * acc
+      s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+      scales.append(lax.broadcast_in_dim(s, (BN, st.m_pad), [0]))
+    if wgs > 1:
+      plgpu.barrier_arrive(free.at[slot])        # this warpgroup is done with the slot
+    return partials, scales
 
   zeros_tile = lambda: plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), wgmma_layout)
-  for t in range(min(stages - 1, st.steps)):      # prologue: fill all but one slot
-    issue(t)
+
+  @pl.when(wg == 0)
+  def _prologue():                                 # fill all but one slot
+    for t in range(min(stages - 1, st.steps)):
+      issue(t)
 
   if st.long_groups:
     spg = st.steps_per_group
@@ -188,46 +206,56 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     def group(gi, total):
       def inner(i, carry):
         raw, _ = carry
-        slot, (part,) = step_partials(gi * spg + i)
-        return raw + part, slot
-      raw, slot = lax.fori_loop(0, spg, inner, (zeros_tile(), jnp.int32(0)))
-      return total + scaled(raw, slot, 0)       # the slot of the group's last step holds s
+        (part,), (s,) = step_partials(gi * spg + i)
+        return raw + part, s
+      raw, s = lax.fori_loop(0, spg, inner, (zeros_tile(), zeros_tile()))
+      return total + s * raw                     # every step of a group loads the same scale
 
     total = lax.fori_loop(0, st.steps // spg, group, zeros_tile())
   else:
     def step(t, total):
-      slot, parts = step_partials(t)
-      for g, part in enumerate(parts):
-        total = total + scaled(part, slot, g)
+      for part, s in zip(*step_partials(t)):
+        total = total + s * part
       return total
 
     total = lax.fori_loop(0, st.steps, step, zeros_tile())
 
+  if wgs > 1:
+    # Observe the free phases the loop did not wait for (the interpreter checks every phase).
+    @pl.when(wg == 0)
+    def _drain():
+      for t in range(max(0, st.steps - stages), st.steps):
+        plgpu.barrier_wait(free.at[t % stages])
+
   o_smem[...] = total
   plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[lax.axis_index("k"), pl.ds(n0, BN)])
+  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[lax.axis_index("k"), pl.ds(n0 + wg * BN, BN)])
   plgpu.wait_smem_to_gmem(0)
 
 
 def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool):
   """``plgpu.kernel`` wrapper: grid, scratch and the float32 partials ``[split_k, Np, m_pad]``."""
   np_ = qt.shape[0]
-  span, stages, gps = st.span, st.stages, st.groups_per_step
+  span, stages, gps, wgs = st.span, st.stages, st.groups_per_step, st.wgs
+  copies = 1 + wgs * (2 if st.sym else 3)          # TMA copies (barrier arrivals) per step
   scratch = (
-      plgpu.SMEM((stages, BN, span), jnp.int32),                                  # words
+      plgpu.SMEM((stages, wgs, BN, span), jnp.int32),                             # words
       plgpu.SMEM((stages, PLANES, st.m_pad, span), st.dtype, transforms=_tiled(span)),  # x
-      plgpu.SMEM((stages, gps, BN), scales.dtype),                                # scales
-      None if st.sym else plgpu.SMEM((stages, gps, BN), zeros.dtype),             # zeros
-      plgpu.SMEM((2, BN, span), st.dtype, transforms=_tiled(span)),               # q - z planes
-      plgpu.SMEM((BN, st.m_pad), jnp.float32),                                    # output tile
-      plgpu.Barrier(num_arrivals=3 if st.sym else 4, num_barriers=stages),        # ring ready
+      plgpu.SMEM((stages, wgs, gps, BN), scales.dtype),                           # scales
+      None if st.sym else plgpu.SMEM((stages, wgs, gps, BN), zeros.dtype),        # zeros
+      plgpu.SMEM((wgs, 2, BN, span), st.dtype, transforms=_tiled(span)),          # q - z planes
+      plgpu.SMEM((wgs, BN, st.m_pad), jnp.float32),                               # output tiles
+      plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
   )
   kernel = plgpu.kernel(
       functools.partial(_body_adapter, st=st),
       out_type=jax.ShapeDtypeStruct((split_k, np_, st.m_pad), jnp.float32),
       scratch_types=dict(scratch=scratch),
-      grid=(np_ // BN, split_k),
+      grid=(np_ // (BN * wgs), split_k),
       grid_names=("n", "k"),
+      num_threads=wgs,
+      thread_name="wg",
       compiler_params=plgpu.CompilerParams(),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
       kernel_name="w4a16_mosaic",
@@ -286,7 +314,7 @@ def resolve_config(config, *, m: int, k: int, n: int, group_size: int,
   if not isinstance(config, MosaicConfig):
     raise NotImplementedError(f"config of type {type(config).__name__} is not a "
                               f"quant.matmul.config.MosaicConfig")
-  return fit_mosaic_config(config, m=m, k=k, group_size=group_size, asym=asym)
+  return fit_mosaic_config(config, m=m, k=k, group_size=group_size, asym=asym, n=n)
 
 
 def _on_hopper() -> bool:
@@ -394,7 +422,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   per_channel = static.group_size >= static.k
   st = Statics(m_pad=m_pad, steps=ks // cfg.block_k, block_k=cfg.block_k,
                seg=ks if per_channel else min(static.group_size, ks),
-               stages=cfg.num_stages, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
+               stages=cfg.num_stages, wgs=cfg.block_n // BN, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
                dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
                magic=_MAGIC[jnp.dtype(x.dtype)][1])
   # x in planes: xt[c, m, :] holds x's columns [c*span, (c+1)*span); zero padding is harmless
