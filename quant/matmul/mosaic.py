@@ -14,10 +14,12 @@ wgmma of exact operands with float32 accumulation; the scale is applied to that 
 (a per-row broadcast, since n is wgmma's M side) and nothing is rounded to 16 bits except x
 itself and the final output (the same precision as the Triton backend).
 
-Data flow of one CTA (one warpgroup; grid ``(N/64, split_k)``), step ``t`` of its K slice:
+Data flow of one CTA (grid ``(N/block_n, split_k)``; ``block_n / 64`` warpgroups, each owning
+64 output features and sharing the x slice), step ``t`` of its K slice:
 
-* TMA (``copy_gmem_to_smem`` + one barrier per ring slot, one arrival per copy) brings a
-  ``[64, block_k/8]`` tile of packed words, the ``[8, m_pad, block_k/8]`` slice of x and the
+* TMA (``copy_gmem_to_smem`` issued by warpgroup 0, one ``ready`` barrier per ring slot, one
+  arrival per copy) brings a ``[64, block_k/8]`` tile of packed words per warpgroup, the
+  ``[8, m_pad, block_k/8]`` slice of x and the
   scale / zero rows of step ``t + num_stages - 1`` into a ring of ``num_stages`` SMEM slots;
 * the warpgroup loads the word tile to registers once, and for each nibble ``i`` (a "plane" of
   ``block_k/8`` contiguous K columns, thanks to ``layout.MosaicWeight``'s planar packing) forms
@@ -27,16 +29,21 @@ Data flow of one CTA (one warpgroup; grid ``(N/64, split_k)``), step ``t`` of it
 * one ``plgpu.ACC`` accumulator per group (or per step when a group spans several steps, then
   summed in registers), scaled once it is complete.
 
-Every wgmma of a step is waited before the step ends, so the slot refilled at step ``t + 1``
-(the one step ``t - 1`` used) is free without a second barrier. Partial sums ``[split_k, N, M]``
+Every wgmma of a step is waited before the step ends; with one warpgroup the slot refilled at
+step ``t + 1`` (the one step ``t - 1`` used) is then free, with several a ``free`` barrier per
+slot (one arrival per warpgroup) guards the refill. Partial sums ``[split_k, N, M]``
 come out in float32; XLA adds the splits and the bias, transposes and casts (for M <= 64 that is
 < 2% of the weight's bytes). Act-order weights are served by gathering x's columns into the
 stored row order (``x[..., perm]``); the kernel never sees ``g_idx``.
 
 Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 64, codes
 wider than 4 bits, groups the planes cannot tile (a plane of block_k/8 rows must lie in one
-group and block_k and the group must divide one another, e.g. groups of 16 or 96), a config
-whose ring does not fit in SMEM, or a non-Hopper device without ``interpret=True``.
+group and block_k and the group must divide one another, e.g. groups of 8 or 96), a config
+whose ring does not fit in SMEM, a non-Hopper device without ``interpret=True``, or a compiled
+call (``interpret=False``) on a plain ``QuantizedWeight``: repacking it into the planar layout
+on every call is a full extra pass over the weight, more than the kernel saves, so dispatch
+falls back to the Triton kernel (which reads our packing as is) unless the caller prepared the
+weight once with ``layout.prepare_mosaic``.
 
 Example:
   >>> qw = quant.rtn(w, bits=4, group_size=128)                    # w: [K, N]
@@ -331,12 +338,13 @@ def int4_matmul(x: Float[Array, "... K"],
                 interpret: bool = False) -> Float[Array, "... N"]:
   """Mosaic GPU backend of ``quant.int4_matmul``: ``x @ dequantize(qw) (+ bias)`` in x's dtype.
 
-  ``qw`` is a ``QuantizedWeight`` (assumed checked by ``quant.matmul.api.check_inputs``; it is
-  repacked into the planar layout on every call, an extra pass over the weight) or, for speed,
-  a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its ``block_k`` fixes
-  the config's). Raises NotImplementedError for float32 x, M > 64, bits > 4, groups the planes
-  cannot tile, a config that does not fit, or (``interpret=False``) a device that is not an sm90
-  GPU. ``lowering_platforms=("cuda",)`` on a CPU host is allowed (compile checks).
+  ``qw`` is a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its
+  ``block_k`` fixes the config's) or, in interpret mode only, a ``QuantizedWeight`` (assumed
+  checked by ``quant.matmul.api.check_inputs``; repacked on every call). Raises
+  NotImplementedError for float32 x, M > 64, bits > 4, groups the planes cannot tile, a config
+  that does not fit, and with ``interpret=False`` for a plain QuantizedWeight (see the module
+  docstring) or a GPU that is not sm90. ``lowering_platforms=("cuda",)`` on a CPU host is
+  allowed (compile checks).
 
   Example:
     >>> y = int4_matmul(x, qw, config=MosaicConfig(block_k=256, split_k=2), interpret=True)
@@ -348,6 +356,10 @@ def int4_matmul(x: Float[Array, "... K"],
   else:
     formats.check_k(qw.shape[0], qw.group_size, qw.bits)
   check_supported(x, qw)
+  if not prepared and not interpret:
+    raise NotImplementedError("compiled mosaic int4_matmul takes a layout.MosaicWeight "
+                              "(layout.prepare_mosaic(qw), once at load time): repacking a "
+                              "QuantizedWeight on every call is a full extra pass over the weight")
   k, n = qw.shape
   lead = x.shape[:-1]
   x2 = x.reshape(-1, k)
