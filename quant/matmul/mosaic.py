@@ -72,6 +72,7 @@ _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6400, 1024.0)}
 PLANES = layout.PLANES
 BN = layout.TILE_N
+ACC_COLUMNS = 64       # register budget of the live group accumulators (float32 columns)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,11 @@ class Statics:
   @property
   def groups_per_step(self) -> int:
     return 1 if self.long_groups else self.block_k // self.seg
+
+  @property
+  def groups_per_scope(self) -> int:
+    """Group accumulators live at once: at most 64 float32 columns (32 registers a thread)."""
+    return max(1, min(self.groups_per_step, ACC_COLUMNS // self.m_pad))
 
   @property
   def steps_per_group(self) -> int:
@@ -168,16 +174,17 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     plgpu.barrier_wait(ready.at[slot])
     words = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)  # int32 [64, span]
     planes_per_group = PLANES // gps
-    partials, scales = [], []
-    for g in range(gps):
-      # B + z in the operand dtype (exact: B + z < 2B), B the magic number of ``_MAGIC``.
-      if st.sym:
-        zero = jnp.asarray(st.magic + st.zero, st.dtype)
-      else:
-        zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
-        zero = lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span), [0])
 
-      def mma(acc_ref, g=g, zero=zero):
+    def zero_of(g):
+      """B + z in the operand dtype (exact: B + z < 2B), B the magic number of ``_MAGIC``."""
+      if st.sym:
+        return jnp.asarray(st.magic + st.zero, st.dtype)
+      zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+      return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span), [0])
+
+    def mma(*acc_refs, groups, zeros):
+      """All planes of ``groups``, group i into ``acc_refs[i]``; one wait for the lot."""
+      for i, (g, zero) in enumerate(zip(groups, zeros)):
         for j in range(planes_per_group):
           p = g * planes_per_group + j
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
@@ -185,15 +192,23 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
           codes = (lax.shift_right_logical(words, jnp.int32(4 * p)) & 0xF) | st.magic_bits
           vals = lax.bitcast_convert_type(codes.astype(jnp.int16), st.dtype) - zero
           buf = p % 2
-          if j >= 2:
+          if i * planes_per_group + j >= 2:
             plgpu.wgmma_wait(1)        # the wgmma that read this buffer (plane p - 2) is done
           planes[buf] = vals
           plgpu.commit_smem()          # register stores -> visible to the async wgmma
-          plgpu.wgmma(acc_ref, planes.at[buf], x_ring.at[slot, p].transpose((1, 0)))
-        plgpu.wgmma_wait(0)            # planes and this slot may be overwritten after this
-        return acc_ref[...]
+          plgpu.wgmma(acc_refs[i], planes.at[buf], x_ring.at[slot, p].transpose((1, 0)))
+      plgpu.wgmma_wait(0)              # planes and this slot may be overwritten after this
+      return [acc[...] for acc in acc_refs]
 
-      partials.append(pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32)))
+    # Groups share one scope (one wgmma_wait(0)) while their accumulators stay small: a wait per
+    # group would expose the wgmma latency once per group instead of once per scope.
+    partials, scales = [], []
+    for g0 in range(0, gps, st.groups_per_scope):
+      groups = tuple(range(g0, min(gps, g0 + st.groups_per_scope)))
+      accs = [plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in groups]
+      partials += pl.run_scoped(
+          functools.partial(mma, groups=groups, zeros=[zero_of(g) for g in groups]), *accs)
+    for g in range(gps):
       s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
       scales.append(lax.broadcast_in_dim(s, (BN, st.m_pad), [0]))
     if wgs > 1:
