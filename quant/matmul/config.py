@@ -206,7 +206,8 @@ def mosaic_m_pad(m: int) -> int:
 def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   """Shared memory of one CTA: the TMA ring, two dequantized planes and the output tile."""
   span, mp, bn = cfg.block_k // 8, mosaic_m_pad(m), cfg.block_n
-  per_stage = bn * span * 4 + 8 * mp * span * 2 + 8 * bn * 2 * (2 if asym else 1)
+  # Scale rows: at most 8 groups per step, float32 scales at worst; bf16 zero points.
+  per_stage = bn * span * 4 + 8 * mp * span * 2 + 8 * bn * (4 + (2 if asym else 0))
   return cfg.num_stages * per_stage + 2 * bn * span * 2 + bn * mp * 4 + 1024
 
 
