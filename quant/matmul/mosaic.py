@@ -385,6 +385,15 @@ def int4_matmul(x: Float[Array, "... K"],
     config = dataclasses.replace(
         default_mosaic_config(m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym),
         block_k=qw.block_k)
+  if config is None and interpret:
+    # One warpgroup under the interpreter: it runs each simulated warpgroup as a host thread
+    # that blocks on the others' barriers, and on a small CPU host several of them were seen to
+    # starve (a hang). Several warpgroups are still tested with an explicit block_n.
+    config = dataclasses.replace(
+        default_mosaic_config(m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym),
+        block_n=64)
+    if prepared:
+      config = dataclasses.replace(config, block_k=qw.block_k)
   cfg = resolve_config(config, m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym)
   if prepared and cfg.block_k != qw.block_k:
     raise NotImplementedError(f"config.block_k={cfg.block_k} differs from the block_k="
