@@ -57,6 +57,10 @@ CASES = [
                              f"_wg{c[8].block_n // 64}" if c[8] and c[8].block_n > 64 else "")
                               for c in CASES])
 def test_matches_reference(m, k, n, group_size, sym, act_order, dtype, bias, config):
+  if config is not None and config.block_n > 64 and jax.default_backend() != "gpu":
+    # Seen hanging in the interpreter (several warpgroup threads) when CI's other worker loads the
+    # 2-core host; the lowering tests and the compiled @gpu tests cover the multi-warpgroup form.
+    pytest.skip("multi-warpgroup interpret runs can deadlock on a loaded CI host (JAX 0.11.2)")
   qw = _weight(k, n, group_size=group_size, sym=sym, act_order=act_order, seed=m)
   x = _x(m, k, dtype, seed=m + 1)
   b = _x(1, n, dtype, seed=7)[0] if bias else None
