@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic.kernels import COMPUTE_WGS, LOG2E, Statics
+from pallas_attn.mosaic.kernels import COMPUTE_WGS, LOG2E, Statics, produce
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
@@ -69,6 +69,18 @@ def _product(a_ref, b_ref, shape):
   return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
+def _split_refs(refs, st: Statics, has_meta: bool):
+  """(q, k, v, do, rows, meta | None, q_seg | None, kv_seg | None), then the remaining refs."""
+  refs = list(refs)
+  inputs, pos = refs[:5], 5
+  meta = q_seg = kv_seg = None
+  if has_meta:
+    meta, pos = refs[pos], pos + 1
+  if st.has_segments:
+    q_seg, kv_seg, pos = refs[pos], refs[pos + 1], pos + 2
+  return (*inputs, meta, q_seg, kv_seg), refs[pos:]
+
+
 def _ranges(meta_ref, meta_smem, meta_ready, wg, full: int):
   """(lo, lo_full, hi_full, hi, kv_len) of this CTA, from its SMEM record or the full span."""
   if meta_ref is None:
@@ -86,14 +98,9 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 
   ``rows`` is [B, N, 2, T] float32: L2 and D side by side, one TMA per tile.
   """
-  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
-  pos = 5
-  meta_ref = q_seg_ref = kv_seg_ref = None
-  if has_meta:
-    meta_ref, pos = refs[pos], pos + 1
-  if st.has_segments:
-    q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
-  dq_ref, smem, bars = refs[pos], refs[pos + 1], refs[pos + 2]
+  (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
+      refs, st, has_meta)
+  dq_ref, smem, bars = rest
   (q_smem2, do_smem2, rows_smem2, k_smem, v_smem, meta_smem, qseg_smem2, kvseg_smem,
    ds_smem2) = smem
   k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free = bars
@@ -181,7 +188,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       if st.has_segments:
         plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem.at[slot],
                                 seg_ready.at[slot])
-    _produce(hi - lo, stages, fetch, (k_free, v_free))
+    produce(hi - lo, stages, fetch, (k_free, v_free))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,14 +200,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
 
   Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
   """
-  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
-  pos = 5
-  meta_ref = q_seg_ref = kv_seg_ref = None
-  if has_meta:
-    meta_ref, pos = refs[pos], pos + 1
-  if st.has_segments:
-    q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
-  dk_ref, dv_ref, smem, bars = refs[pos:pos + 4]
+  (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
+      refs, st, has_meta)
+  dk_ref, dv_ref, smem, bars = rest
   (k_smem2, v_smem2, q_smem, do_smem, rows_smem, meta_smem, kvseg_smem2, qseg_smem,
    pt_smem2) = smem
   q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free = bars
@@ -299,7 +301,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       if st.has_segments:
         plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
                                 rows_ready.at[stages + slot])
-    _produce(st.groups * per_head, stages, fetch, (q_free, do_free))
+    produce(st.groups * per_head, stages, fetch, (q_free, do_free))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -313,24 +315,6 @@ def _visit(lo, lo_full, hi_full, hi, step, carry, st: Statics):
   carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
   carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
   return lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
-
-
-def _produce(num_steps, stages: int, fetch, free_barriers):
-  """Producer loop of a ``stages``-deep ring: fill, refill as slots free up, observe the rest."""
-  @pl.loop(0, jnp.minimum(num_steps, stages))
-  def _prologue(i):
-    fetch(i)
-
-  @pl.loop(stages, jnp.maximum(num_steps, stages))
-  def _steady(i):
-    for bar in free_barriers:
-      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
-    fetch(i)
-
-  @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
-  def _drain(i):
-    for bar in free_barriers:
-      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
 
 
 def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):

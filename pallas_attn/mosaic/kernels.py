@@ -235,24 +235,27 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
         plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, rows], kvseg_smem.at[slot],
                                 seg_ready.at[slot])
 
-    @pl.loop(0, jnp.minimum(num_steps, stages))
-    def _prologue(i):
-      fetch(i)
+    produce(num_steps, stages, fetch, (k_free, v_free))
 
-    @pl.loop(stages, jnp.maximum(num_steps, stages))
-    def _steady(i):
-      slot = lax.rem(i, stages)
-      plgpu.barrier_wait(k_free.at[slot])       # both consumers are done with step i - stages
-      plgpu.barrier_wait(v_free.at[slot])
-      fetch(i)
 
-    # Observe the releases of the last slots too, so that every barrier phase is waited on
-    # before the barriers go away (the interpreter checks this; on the GPU it costs nothing).
-    @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
-    def _drain(i):
-      slot = lax.rem(i, stages)
-      plgpu.barrier_wait(k_free.at[slot])
-      plgpu.barrier_wait(v_free.at[slot])
+def produce(num_steps, stages: int, fetch, free_barriers):
+  """Producer loop of a ``stages``-deep TMA ring: fill it, refill each slot once every consumer
+  has released it, and at the end observe the last releases too, so that every barrier phase is
+  waited on before the barriers go away (the interpreter checks this; on the GPU it is free)."""
+  @pl.loop(0, jnp.minimum(num_steps, stages))
+  def _prologue(i):
+    fetch(i)
+
+  @pl.loop(stages, jnp.maximum(num_steps, stages))
+  def _steady(i):
+    for bar in free_barriers:
+      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
+    fetch(i)
+
+  @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
+  def _drain(i):
+    for bar in free_barriers:
+      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
 
 
 def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
