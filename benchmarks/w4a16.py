@@ -78,7 +78,7 @@ def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicC
   except NotImplementedError:
     return []
   rep = dataclasses.replace
-  cands = [rep(base, block_n=64, num_stages=4), rep(base, block_n=256, num_stages=2),
+  cands = [rep(base, registers_a=False), rep(base, block_n=64, num_stages=4), rep(base, block_n=256, num_stages=2),
            rep(base, split_k=base.split_k * 2), rep(base, split_k=max(1, base.split_k // 2)),
            rep(base, num_stages=2), rep(base, num_stages=4), rep(base, block_k=256),
            rep(base, block_n=64, num_stages=2, split_k=base.split_k * 2)]
@@ -284,6 +284,7 @@ def table(results: list[dict[str, Any]]) -> str:
     if "ours_mosaic" in r:
       c = r["ours_mosaic"]["config"]
       note += f" | mosaic n{c['block_n']} k{c['block_k']} s{c['split_k']} st{c['num_stages']}"
+      note += " smemA" if not c.get('registers_a', True) else ""
     elif r.get("ours_mosaic_sweep"):
       note += " | mosaic: " + r["ours_mosaic_sweep"][0].get("error", "")[:60]
     lines.append(f"{r['m']:>5} x {r['k']:>5} x {r['n']:>5} {ms('xla_bf16')} {ms('xla_int4')} "

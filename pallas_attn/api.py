@@ -55,14 +55,14 @@ def default_order() -> tuple[str, ...]:
   On CPU only "xla": the Pallas backends run there only in interpret mode, a slow simulator meant
   for tests, so they are used on CPU only when asked for by name.
 
-  "mosaic" (FlashAttention-3 forward) is not dispatched to automatically yet: it passes the shared
-  suite in Mosaic GPU interpret mode and lowers for sm90 on CPU, but has not been compiled and
-  timed on an H200 (benchmarks/NOTES.md). Ask for it with ``implementation="mosaic"``; it joins
-  the front of this order on Hopper once it is measured faster than "triton".
+  On a Hopper GPU "mosaic" comes first: its FlashAttention-3 forward measured 1.3-1.4x the
+  Triton FA2 forward on an H200 (benchmarks/NOTES.md); its default Config takes the Triton FA2
+  backward, measured faster than the Mosaic wgmma backward. Elsewhere it declines
+  (NotImplementedError) and "triton" serves.
   """
   if not _on_gpu():
     return ("xla",)
-  return ("triton", "xla")
+  return ("mosaic", "triton", "xla")
 
 
 def _check_ids(name: str, ids, batch: int, length: int, length_name: str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+BACKWARDS = ("mosaic", "triton")
 HEAD_DIMS = (64, 128, 192, 256)    # native head dims (multiples of 64: one 128-byte swizzle row)
 
 
@@ -18,12 +19,16 @@ class Config:
     bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
       step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
       dK/dV consumer holds two fp32 [block_kv, H] accumulators.
+    backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
+      FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
+      dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
   """
   block_q: int = 64
   block_kv: int = 128
   num_stages: int = 2
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
+  backward: str = "mosaic"
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
@@ -33,6 +38,8 @@ class Config:
     for f in ("bwd_block_q", "bwd_block_kv"):
       if getattr(self, f) not in (64, 128):
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
+    if self.backward not in BACKWARDS:
+      raise ValueError(f"Config.backward must be one of {BACKWARDS}, got {self.backward!r}")
     if not 2 <= self.num_stages <= 4:
       raise ValueError(f"Config.num_stages must be in [2, 4], got {self.num_stages}")
 
@@ -46,7 +53,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def default_config(*, head_dim: int, seq_k: int) -> Config:
-  """Heuristic defaults (to be replaced by H200 measurements; see benchmarks/NOTES.md).
+  """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
@@ -54,5 +61,10 @@ def default_config(*, head_dim: int, seq_k: int) -> Config:
   blocks so the padding stays small.
   """
   hp = padded_head_dim(head_dim)
-  block_kv = 64 if hp > 128 or seq_k <= 64 else 128
-  return Config(block_q=64, block_kv=block_kv, num_stages=2)
+  if hp <= 64 and seq_k > 128:
+    block_kv = 256        # H200 sweep at H=64: 256 keys per step beat 128 by 5-9%
+  else:
+    block_kv = 64 if hp > 128 or seq_k <= 64 else 128
+  # The Triton FA2 backward: 1.4-1.5x faster than the Mosaic wgmma backward at every H=128 row
+  # of the H200 sweep (benchmarks/results/mosaic_tune/).
+  return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="triton")

@@ -95,8 +95,8 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
                                      **mask_kw)
   smem = max(kernels.smem_bytes(st=st_dq, head_dim=head_dim_padded, itemsize=2),
              backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded))
-  if smem > SMEM_LIMIT_BYTES:
-    # Head dims over 128: the dK/dV tiles do not fit next to the Q/dO ring; FA2 kernels instead.
+  if cfg.backward == "triton" or smem > SMEM_LIMIT_BYTES:
+    # Chosen, or head dims over 128: the dK/dV tiles do not fit next to the Q/dO ring; FA2 kernels instead.
     dq, dk, dv = triton_ops.backward(
         q, k, v, out, lse, do, dlse, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
         kv_lengths=kv_lengths, interpret=bool(interpret), **mask_kw)

@@ -177,12 +177,16 @@ class MosaicConfig:
   ``split_k`` contiguous slices of K, which it walks ``block_k`` rows per step through a ring of
   ``num_stages`` SMEM buffers filled by TMA. ``block_k / 8`` is also the width of one wgmma
   operand (one nibble plane), so it fixes the swizzle (16 -> 32 B, 32 -> 64 B, 64 -> 128 B) and
-  the planar weight layout (``layout.prepare_mosaic(qw, block_k=...)``).
+  the planar weight layout (``layout.prepare_mosaic(qw, block_k=...)``). ``registers_a``: the
+  dequantized planes are wgmma's A operand straight from registers (compiled only; the Mosaic
+  interpreter cannot run register operands, so interpret mode stages them through SMEM, as does
+  ``registers_a=False``).
   """
   block_n: int = 128
   block_k: int = 512
   num_stages: int = 4
   split_k: int = 1
+  registers_a: bool = True
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -268,7 +272,12 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   if not per_channel:
     while bk > 128 and (group_size % (bk // 8) or (group_size % bk and bk % group_size)):
       bk //= 2
-  cfg = fit_mosaic_config(MosaicConfig(block_n=128, block_k=bk, num_stages=3), m=m, k=k,
+  # M <= 8 (x is one 8-row wgmma N tile): 64 features and a 4-deep ring per CTA measured 4-10%
+  # faster than 128 features and 3 stages on the H200 (benchmarks/results/w4a16/); at M = 16
+  # the wider CTA wins by 10-20% (x's slice is shared by two warpgroups).
+  narrow = mosaic_m_pad(m) <= 8
+  cfg = fit_mosaic_config(MosaicConfig(block_n=64 if narrow else 128, block_k=bk,
+                                       num_stages=4 if narrow else 3), m=m, k=k,
                           group_size=group_size, asym=asym, n=n)
   tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
   unit = bk if per_channel else max(bk, group_size)

@@ -89,6 +89,7 @@ class Statics:
   dtype: jnp.dtype      # activation / wgmma operand dtype
   magic_bits: int       # 16-bit pattern of B (bf16 0x4300 = 128, f16 0x6400 = 1024)
   magic: float          # B
+  registers_a: bool = False   # dequantized planes feed wgmma from registers (compiled only)
 
   @property
   def span(self) -> int:
@@ -134,7 +135,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
   w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free = scratch
   span, stages, gps, wgs = st.span, st.stages, st.groups_per_step, st.wgs
   wg = lax.axis_index("wg")
-  planes, o_smem = planes2.at[wg], o_smem2.at[wg]
+  planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
   n0 = lax.axis_index("n") * (BN * wgs)
   t_base = lax.axis_index("k") * st.steps          # first global step of this split
   rows_per_scale = st.seg // st.block_k if st.long_groups else 1
@@ -191,9 +192,16 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
           # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q.
           codes = (lax.shift_right_logical(words, jnp.int32(4 * p)) & 0xF) | st.magic_bits
           vals = lax.bitcast_convert_type(codes.astype(jnp.int16), st.dtype) - zero
-          buf = p % 2
+          if st.registers_a:
+            # The plane is already in wgmma's register-operand layout (``words`` was loaded as
+            # WGMMA): no SMEM round trip, which would cost 4 bytes of SMEM traffic per weight
+            # (store + wgmma read) against 0.5 for the packed word. No wait per plane either:
+            # the planes are separate registers, so all of a step's wgmmas can be in flight.
+            plgpu.wgmma(acc_refs[i], vals, x_ring.at[slot, p].transpose((1, 0)))
+            continue
           if i * planes_per_group + j >= 2:
             plgpu.wgmma_wait(1)        # the wgmma that read this buffer (plane p - 2) is done
+          buf = p % 2
           planes[buf] = vals
           plgpu.commit_smem()          # register stores -> visible to the async wgmma
           plgpu.wgmma(acc_refs[i], planes.at[buf], x_ring.at[slot, p].transpose((1, 0)))
@@ -265,7 +273,8 @@ def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool
       plgpu.SMEM((stages, PLANES, st.m_pad, span), st.dtype, transforms=_tiled(span)),  # x
       plgpu.SMEM((stages, wgs, gps, BN), scales.dtype),                           # scales
       None if st.sym else plgpu.SMEM((stages, wgs, gps, BN), zeros.dtype),        # zeros
-      plgpu.SMEM((wgs, 2, BN, span), st.dtype, transforms=_tiled(span)),          # q - z planes
+      None if st.registers_a else plgpu.SMEM((wgs, 2, BN, span), st.dtype,
+                                             transforms=_tiled(span)),  # q - z planes
       plgpu.SMEM((wgs, BN, st.m_pad), jnp.float32),                               # output tiles
       plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
       plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
@@ -460,7 +469,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                seg=ks if per_channel else min(static.group_size, ks),
                stages=cfg.num_stages, wgs=cfg.block_n // BN, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
                dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
-               magic=_MAGIC[jnp.dtype(x.dtype)][1])
+               magic=_MAGIC[jnp.dtype(x.dtype)][1],
+               registers_a=not static.interpret and cfg.registers_a)
   # x in planes: xt[c, m, :] holds x's columns [c*span, (c+1)*span); zero padding is harmless
   # (padded weight codes and scales are 0 as well).
   xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))

@@ -275,6 +275,13 @@ def runner(case: Case, *, implementation: str | None, jit: bool = True,
            compiler_options: dict | None = JIT_OPTIONS, **extra) -> Callable:
   """``run(inputs) -> {"out", "lse", "dq", "dk", "dv"}`` for flash_attention with ``case``'s masks."""
   skip_unsupported(case, implementation)
+  if implementation == "mosaic" and "config" not in extra:
+    # The default Config takes the Triton FA2 backward (faster on the H200, and tested as the
+    # "triton" backend); the suite checks the Mosaic wgmma backward kernels instead. Head dims
+    # over 128 fall back to the Triton backward either way (shared memory).
+    from pallas_attn.mosaic import config as mosaic_config  # pylint: disable=import-outside-toplevel
+    extra["config"] = dataclasses.replace(
+        mosaic_config.default_config(head_dim=case.h, seq_k=case.s), backward="mosaic")
   fn = functools.partial(flash_attention, implementation=implementation,
                          return_lse=case.return_lse, **_static_kwargs(case), **extra)
   call = functools.partial(_vjp_call, fn, case.return_lse)
