@@ -22,6 +22,9 @@ class Config:
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
+    overlap: intra-warpgroup overlap of the forward (FA3 Section 3.2): the softmax of block j+1
+      runs while the tensor cores compute P_j V_j. Compiled only (interpret mode runs the plain
+      loop: the Mosaic GPU interpreter has no register operands for wgmma).
   """
   block_q: int = 64
   block_kv: int = 128
@@ -29,6 +32,7 @@ class Config:
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
   backward: str = "mosaic"
+  overlap: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

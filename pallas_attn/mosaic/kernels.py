@@ -58,6 +58,7 @@ class Statics:
   num_stages: int
   num_kv_blocks: int            # padded S / block_kv
   registers_pv: bool
+  overlap: bool = False         # intra-warpgroup overlap (FA3 Section 3.2); needs registers_pv
 
   @property
   def any_mask(self) -> bool:
@@ -155,6 +156,20 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     # Consumer 1 starts one turn late: from then on the two alternate on the tensor cores.
     pl.when(wg == 1)(schedule_barrier)
 
+    def logits(s, j, slot, masked: bool):
+      """Scaled base-2 logits of K/V block j (in ring slot ``slot``) with its mask applied."""
+      s = _logits2(s, st)
+      if st.has_segments:
+        # Waited on every step, masked or not: a barrier's phase advances once per fill.
+        plgpu.barrier_wait(seg_ready.at[slot])
+      if masked:
+        kv_seg = None
+        if st.has_segments:
+          kv_seg = plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+        mask = _mask(q_start, j * bkv, kv_len, q_seg, kv_seg, st)
+        s = jnp.where(mask, s, -jnp.inf)
+      return s
+
     def step(j, carry, masked: bool):
       acc, m_prev, l_prev = carry
       i = j - lo
@@ -165,25 +180,10 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
         plgpu.wgmma(acc_ref, qo_smem, k_smem.at[slot].transpose((1, 0)))
         schedule_barrier()                        # let the other consumer issue its matmuls
         return acc_ref[...]
-      s = _logits2(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), st)
-      if st.has_segments:
-        # Waited on every step, masked or not: a barrier's phase advances once per fill.
-        plgpu.barrier_wait(seg_ready.at[slot])
-      if masked:
-        kv_seg = None
-        if st.has_segments:
-          kv_seg = plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-        mask = _mask(q_start, j * bkv, kv_len, q_seg, kv_seg, st)
-        s = jnp.where(mask, s, -jnp.inf)
+      s = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
       plgpu.barrier_arrive(k_free.at[slot])
 
-      m_new = jnp.maximum(m_prev, s.max(axis=1))
-      # Rows that have seen no visible key keep m = -inf: subtract 0 then (no -inf - -inf).
-      m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-      alpha = jnp.exp2(m_prev - m_use)
-      p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
-      l_new = l_prev * alpha + p.sum(axis=1)
-      p16 = p.astype(qo_smem.dtype)
+      p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, qo_smem.dtype)
       alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
 
       plgpu.barrier_arrive(schedule)              # softmax done: wait for our tensor-core turn
@@ -205,7 +205,12 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
       plgpu.barrier_arrive(v_free.at[slot])
       return acc, m_new, l_new
 
-    if st.any_mask:
+    if st.overlap:
+      carry = _overlapped_loop(
+          carry, lo=lo, lo_full=lo_full, hi_full=hi_full, hi=hi, logits=logits,
+          schedule_barrier=schedule_barrier, q_smem=qo_smem, k_smem=k_smem, v_smem=v_smem,
+          bars=(k_ready, v_ready, k_free, v_free), st=st)
+    elif st.any_mask:
       carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
       carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
       carry = lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
@@ -240,6 +245,104 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
                                 seg_ready.at[slot])
 
     produce(num_steps, stages, fetch, (k_free, v_free))
+
+
+def _softmax(s, m_prev, l_prev, dtype):
+  """One online-softmax step (FA2 Alg. 1 lines 8-10, base 2) on a block of logits ``s``.
+
+  Returns P in ``dtype``, alpha = 2^(m_prev - m_new), m_new and l_new. Rows that have seen no
+  visible key keep m = -inf: they subtract 0 (no -inf - -inf), so P = 0 and alpha = 0 there.
+  """
+  m_new = jnp.maximum(m_prev, s.max(axis=1))
+  m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+  alpha = jnp.exp2(m_prev - m_use)
+  p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
+  return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
+
+
+def _overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, schedule_barrier, q_smem,
+                     k_smem, v_smem, bars, st: Statics):
+  """The consumer's K/V loop with intra-warpgroup overlap (FA3 Section 3.2, Algorithm 2).
+
+  The softmax of block j + 1 runs while the tensor cores still compute P_j V_j: each turn issues
+  S_{j+1} = Q K_{j+1}^T and then O += P_j V_j (two wgmma groups), waits only for the first
+  (``wgmma_wait(1)``), and does the masking and online softmax of S_{j+1} before the second is
+  waited for. P_j stays in registers, so this is the compiled form only (``registers_pv``).
+  The two consumers still take turns on the tensor cores (one ``schedule_barrier`` before and
+  one after each turn's issues, as in the plain loop). Returns (O, m, l) like the plain loop.
+  """
+  k_ready, v_ready, k_free, v_free = bars
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  dtype = q_smem.dtype
+  acc, m, l = carry
+  wgmma_tile = lambda x, dt: plgpu.layout_cast(jnp.zeros((bq, bkv), dt) + x, plgpu.Layout.WGMMA)
+  # Loop state: O before block j's rescale, m_j, l_j, P_j (registers, wgmma's A operand), alpha_j.
+  state = (acc, m, l, wgmma_tile(0, dtype), l * 0.0)
+  bcast = lambda row, like: lax.broadcast_in_dim(row, like.shape, [0])
+
+  def first(state):                     # block lo: S_lo and its softmax, nothing to multiply yet
+    acc, m, l, _, _ = state
+    schedule_barrier()
+    plgpu.barrier_wait(k_ready.at[0])
+
+    def qk(acc_ref):
+      plgpu.wgmma(acc_ref, q_smem, k_smem.at[0].transpose((1, 0)))
+      schedule_barrier()
+      return acc_ref[...]
+    s = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), lo, 0, st.any_mask)
+    plgpu.barrier_arrive(k_free.at[0])
+    p16, alpha, m, l = _softmax(s, m, l, dtype)
+    return acc, m, l, p16, alpha
+
+  def step(jn, state, masked: bool):    # issue S_jn and P_{jn-1} V_{jn-1}; softmax of S_jn
+    acc, m, l, p16, alpha = state
+    slot_n, slot_c = lax.rem(jn - lo, stages), lax.rem(jn - 1 - lo, stages)
+    schedule_barrier()                  # our turn on the tensor cores
+    plgpu.barrier_wait(k_ready.at[slot_n])
+    plgpu.barrier_wait(v_ready.at[slot_c])
+
+    def turn(refs):
+      o_ref, s_ref, m_ref, l_ref, p_ref, a_ref = refs
+      plgpu.wgmma(s_ref, q_smem, k_smem.at[slot_n].transpose((1, 0)))
+      plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
+      schedule_barrier()                # the other consumer's turn
+      plgpu.wgmma_wait(1)               # S_jn is done; P V may still run
+      s = logits(plgpu.wgmma_accumulator_load(s_ref, wait_n=None), jn, slot_n, masked)
+      plgpu.barrier_arrive(k_free.at[slot_n])
+      p_ref[...], a_ref[...], m_ref[...], l_ref[...] = _softmax(s, m_ref[...], l_ref[...], dtype)
+
+    acc, _, m, l, p16, alpha = pl.run_state(turn)(
+        (plgpu.ACC.init(acc * bcast(alpha, acc)), plgpu.ACC.init(wgmma_tile(0, jnp.float32)),
+         m, l, p16, alpha))
+    plgpu.barrier_arrive(v_free.at[slot_c])
+    return acc, m, l, p16, alpha
+
+  def last(state):                      # P_{hi-1} V_{hi-1}
+    acc, m, l, p16, alpha = state
+    slot_c = lax.rem(hi - 1 - lo, stages)
+    schedule_barrier()
+    plgpu.barrier_wait(v_ready.at[slot_c])
+
+    def pv(o_ref):
+      plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
+      schedule_barrier()
+    acc = pl.run_state(pv)(plgpu.ACC.init(acc * bcast(alpha, acc)))
+    plgpu.barrier_arrive(v_free.at[slot_c])
+    return acc, m, l, p16, alpha
+
+  nonempty = hi > lo
+  state = lax.cond(nonempty, first, lambda x: x, state)
+  a = lo + 1
+  if st.any_mask:
+    r1, r2 = jnp.maximum(a, lo_full), jnp.maximum(a, hi_full)
+    state = lax.fori_loop(a, r1, lambda j, c: step(j, c, True), state)
+    state = lax.fori_loop(r1, r2, lambda j, c: step(j, c, False), state)
+    state = lax.fori_loop(r2, hi, lambda j, c: step(j, c, True), state)
+  else:
+    state = lax.fori_loop(a, hi, lambda j, c: step(j, c, False), state)
+  state = lax.cond(nonempty, last, lambda x: x, state)
+  acc, m, l, _, _ = state
+  return acc, m, l
 
 
 def produce(num_steps, stages: int, fetch, free_barriers):

@@ -230,7 +230,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       scale=scale, softcap=softcap, spec=spec, has_kv_len=has_kv_len,
       has_segments=q_seg is not None, groups=n // kh, block_q=cfg.block_q,
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
-      registers_pv=not interpret)
+      registers_pv=not interpret, overlap=cfg.overlap and not interpret)
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
   if smem > SMEM_LIMIT_BYTES:
     raise NotImplementedError(f"mosaic config needs ~{smem // 1024} KB of shared memory at head "
