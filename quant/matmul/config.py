@@ -12,8 +12,8 @@ contiguous slices of K; it walks its slice ``block_k`` rows at a time. Constrain
 
 Example:
   >>> cfg = default_config(m=1, k=8192, n=28672, group_size=128)
-  >>> cfg.block_m, cfg.split_k
-  (16, 2)
+  >>> cfg.block_m, cfg.split_k, cfg.unpack
+  (16, 4, 'strided')
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _BLOCKS = (16, 32, 64, 128, 256, 512)
 NUM_SMS = 132          # H200
 MIN_DOT = 16           # Triton's smallest dot extent
 UNPACK_MODES = ("interleave", "strided")
-DEFAULT_UNPACK = "interleave"   # what default_config picks (see Config.unpack)
+DECODE_UNPACK = "strided"   # default_config's unpack for 16-row tiles (see Config.unpack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,22 +125,27 @@ def fit_config(cfg: Config, *, m: int, k: int, n: int, group_size: int) -> Confi
 def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NUM_SMS) -> Config:
   """Heuristic Config for ``[m, k] @ [k, n]`` with groups of ``group_size`` rows (K: per-channel).
 
-  Small M (decode) is bound by streaming the int4 weight: 16-row tiles, deep pipelines, and
-  ``split_k`` doubled until there are about two programs per SM (while each split keeps >= 1024
-  rows of K). Larger M uses wider M tiles so each weight tile is read by fewer programs, and
-  splits K only when there are fewer tiles than SMs.
+  From the H200 sweeps (benchmarks/results/w4a16/2026-12-02_h200_w4a16.json, g128, three
+  Llama-sized layers):
+
+  * M <= 16 (decode) streams the int4 weight: 16-row tiles, the "strided" unpack (eight plain
+    dots, no reshape: 1.7-1.9x faster than "interleave" at every decode row) and ``split_k``
+    doubled until there are about six programs per SM (s4 beat s2 by 16% at 8192x28672, s16
+    beat s8 by 14% at 28672x8192), while each split keeps >= 1024 rows of K.
+  * 16 < M <= 64: 32/64-row tiles, "interleave" (strided lost by 25-30% at M = 64), about two
+    programs per SM.
+  * M > 64: 64-row tiles with 4 warps and 4 stages (1.45-3.4x faster than 128-row tiles with
+    8 warps at M = 256), K split only when there are fewer tiles than SMs.
   """
   if m <= 16:
     cfg = Config(block_m=16, block_n=128, block_k=256, num_warps=4, num_stages=4)
   elif m <= 32:
     cfg = Config(block_m=32, block_n=128, block_k=256, num_warps=4, num_stages=4)
-  elif m <= 64:
-    cfg = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
   else:
-    cfg = Config(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
+    cfg = Config(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
   cfg = fit_config(cfg, m=m, k=k, n=n, group_size=group_size)
   programs = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
-  target = 2 * num_sms if m <= 64 else num_sms      # large M: just fill every SM once
+  target = (6 if m <= 16 else 2 if m <= 64 else 1) * num_sms
   split = 1
   while programs * split < target and k // (2 * split) >= 1024:
     trial = dataclasses.replace(cfg, split_k=2 * split)
@@ -150,12 +155,12 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
       break
     split *= 2
   cfg = dataclasses.replace(cfg, split_k=split)
-  if DEFAULT_UNPACK != cfg.unpack:
+  if cfg.block_m <= MIN_DOT:
     try:
-      check_shape(dataclasses.replace(cfg, unpack=DEFAULT_UNPACK), k=k, group_size=group_size)
-      cfg = dataclasses.replace(cfg, unpack=DEFAULT_UNPACK)
+      check_shape(dataclasses.replace(cfg, unpack=DECODE_UNPACK), k=k, group_size=group_size)
+      cfg = dataclasses.replace(cfg, unpack=DECODE_UNPACK)
     except NotImplementedError:
-      pass            # too few rows per dot for "strided": keep "interleave"
+      pass            # too few rows per dot for "strided" (groups < 128): keep "interleave"
   return cfg
 
 

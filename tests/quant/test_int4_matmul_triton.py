@@ -227,7 +227,9 @@ def test_default_config_is_valid_and_pure(group_size):
 
 def test_default_config_for_decode():
   cfg = default_config(m=1, k=8192, n=28672, group_size=128)
-  assert (cfg.block_m, cfg.block_n, cfg.split_k) == (16, 128, 2)
+  assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.unpack) == (16, 128, 4, "strided")
+  cfg = default_config(m=256, k=8192, n=28672, group_size=128)
+  assert (cfg.block_m, cfg.num_warps, cfg.split_k, cfg.unpack) == (64, 4, 1, "interleave")
 
 
 def test_fit_config_shrinks_block_k_to_the_groups():
