@@ -32,7 +32,7 @@ import timing  # noqa: E402
 from mosaic_smoke import CASES, _inputs  # noqa: E402
 from pallas_attn import flash_attention, reference  # noqa: E402
 from pallas_attn.mosaic import autotune  # noqa: E402
-from pallas_attn.mosaic.config import Config, default_config  # noqa: E402
+from pallas_attn.mosaic.config import default_config  # noqa: E402
 
 ROWS = [(4, 4096, 16, 128), (16, 1024, 16, 128), (1, 16384, 16, 128), (4, 4096, 32, 64),
         (4, 4096, 8, 256)]

@@ -24,7 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic.kernels import COMPUTE_WGS, LOG2E, Statics, produce
+from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, kv_fetcher, produce,
+                                        tile_ranges)
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
@@ -81,14 +82,6 @@ def _split_refs(refs, st: Statics, has_meta: bool):
   return (*inputs, meta, q_seg, kv_seg), refs[pos:]
 
 
-def _ranges(meta_ref, meta_smem, meta_ready, wg, full: int):
-  """(lo, lo_full, hi_full, hi, kv_len) of this CTA, from its SMEM record or the full span."""
-  if meta_ref is None:
-    return (jnp.int32(0), jnp.int32(0), jnp.int32(full), jnp.int32(full), None)
-  plgpu.barrier_wait(meta_ready.at[0])
-  return tuple(meta_smem[i] for i in range(5))
-
-
 # ----------------------------------------------------------------------------------------------
 # dQ
 # ----------------------------------------------------------------------------------------------
@@ -108,12 +101,8 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
   wg = lax.axis_index("wg")
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
 
-  if meta_ref is not None:
-    @pl.when(wg == COMPUTE_WGS)
-    def _():
-      plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
-  lo, lo_full, hi_full, hi, kv_len = _ranges(meta_ref, meta_smem, meta_ready, wg,
-                                             st.num_kv_blocks)
+  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
+                                                 batch=batch, tile=tile, full=st.num_kv_blocks)
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
@@ -178,16 +167,9 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
-    kv_head = lax.div(head, jnp.int32(st.groups))
-
-    def fetch(i):
-      slot = lax.rem(i, stages)
-      keys = pl.ds((lo + i) * bkv, bkv)
-      plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem.at[slot], k_ready.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem.at[slot], v_ready.at[slot])
-      if st.has_segments:
-        plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem.at[slot],
-                                seg_ready.at[slot])
+    fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
+                       (k_ready, v_ready, seg_ready), batch=batch,
+                       kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
     produce(hi - lo, stages, fetch, (k_free, v_free))
 
 
@@ -211,11 +193,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
   wg = lax.axis_index("wg")
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
 
-  if meta_ref is not None:
-    @pl.when(wg == COMPUTE_WGS)
-    def _():
-      plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
-  lo, lo_full, hi_full, hi, kv_len = _ranges(meta_ref, meta_smem, meta_ready, wg, num_q_blocks)
+  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
+                                                 batch=batch, tile=tile, full=num_q_blocks)
   per_head = hi - lo                      # Q blocks visited for each head of the group
 
   @pl.when(wg < COMPUTE_WGS)

@@ -24,7 +24,9 @@ class Config:
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
     overlap: intra-warpgroup overlap of the forward (FA3 Section 3.2): the softmax of block j+1
       runs while the tensor cores compute P_j V_j. Compiled only (interpret mode runs the plain
-      loop: the Mosaic GPU interpreter has no register operands for wgmma).
+      loop: the Mosaic GPU interpreter has no register operands for wgmma). Correct but measured
+      1.1-1.9x slower than the plain loop on the H200 (register pressure; benchmarks/NOTES.md),
+      so off by default.
   """
   block_q: int = 64
   block_kv: int = 128

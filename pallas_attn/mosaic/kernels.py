@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -117,17 +116,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
 
   # Which K/V blocks this CTA visits: [lo, hi) from the per-tile metadata (masks.kv_block_ranges
   # on 2*block_q rows), or every block when nothing is masked.
-  if meta_ref is not None:
-    @pl.when(wg == COMPUTE_WGS)
-    def _():
-      plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
-    plgpu.barrier_wait(meta_ready.at[0])
-    lo, lo_full, hi_full, hi = meta_smem[0], meta_smem[1], meta_smem[2], meta_smem[3]
-    kv_len = meta_smem[4]
-  else:
-    lo, lo_full, hi_full, hi = 0, 0, st.num_kv_blocks, st.num_kv_blocks
-    kv_len = None
-  lo, lo_full, hi_full, hi = (jnp.asarray(x, jnp.int32) for x in (lo, lo_full, hi_full, hi))
+  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
+                                                 batch=batch, tile=tile, full=st.num_kv_blocks)
   num_steps = hi - lo
 
   def schedule_barrier():
@@ -233,17 +223,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
     plgpu.set_max_registers(40, action="decrease")
-    kv_head = lax.div(head, jnp.int32(st.groups))
-
-    def fetch(i):
-      slot = lax.rem(i, stages)
-      rows = pl.ds((lo + i) * bkv, bkv)
-      plgpu.copy_gmem_to_smem(k_ref.at[batch, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[batch, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
-      if st.has_segments:
-        plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, rows], kvseg_smem.at[slot],
-                                seg_ready.at[slot])
-
+    fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
+                       (k_ready, v_ready, seg_ready), batch=batch,
+                       kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
     produce(num_steps, stages, fetch, (k_free, v_free))
 
 
@@ -343,6 +325,37 @@ def _overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, schedule_barrie
   state = lax.cond(nonempty, last, lambda x: x, state)
   acc, m, l, _, _ = state
   return acc, m, l
+
+
+def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int):
+  """(lo, lo_full, hi_full, hi, kv_len) of this CTA: blocks [lo, hi) are visited, those in
+  [lo_full, hi_full) need no mask. From the CTA's int32 record (the producer TMA-loads it into
+  SMEM), or the whole span [0, full) with no kv_len when nothing is masked (``meta_ref`` None)."""
+  if meta_ref is None:
+    return jnp.int32(0), jnp.int32(0), jnp.int32(full), jnp.int32(full), None
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _():
+    plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
+  plgpu.barrier_wait(meta_ready.at[0])
+  return tuple(meta_smem[i] for i in range(5))
+
+
+def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
+  """``fetch(i)`` for ``produce``: TMA of K/V block ``first + i`` (and its segment ids) into ring
+  slot ``i % num_stages``; ``gmem`` / ``smem`` / ``ready`` are the (K, V, kv segment ids) refs,
+  ring buffers and ready barriers (the segment entries are None without segment ids)."""
+  (k_ref, v_ref, seg_ref), (k_smem, v_smem, seg_smem), (k_ready, v_ready, seg_ready) = (
+      gmem, smem, ready)
+
+  def fetch(i):
+    slot = lax.rem(i, st.num_stages)
+    keys = pl.ds((first + i) * st.block_kv, st.block_kv)
+    plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem.at[slot], k_ready.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem.at[slot], v_ready.at[slot])
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(seg_ref.at[batch, keys], seg_smem.at[slot], seg_ready.at[slot])
+  return fetch
 
 
 def produce(num_steps, stages: int, fetch, free_barriers):
