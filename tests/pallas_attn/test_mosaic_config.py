@@ -5,6 +5,7 @@ uses the shared-memory form of the P V step. The form compiled for the GPU (P in
 accumulated in place) is lowered here, on CPU, to Mosaic GPU MLIR for sm90: that catches layout,
 barrier and shape errors without a GPU.
 """
+import dataclasses
 import functools
 
 import jax
@@ -66,8 +67,9 @@ LOWER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
 @pytest.mark.parametrize("h,kw", LOWER_CASES, ids=lambda x: str(x))
-def test_compiled_form_lowers_for_sm90(h, kw):
+def test_compiled_form_lowers_for_sm90(h, kw, overlap):
   b, t, s, n, kh = 2, 1000, 1000, 4, 2
   q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
   k = jax.ShapeDtypeStruct((b, s, kh, h), jnp.bfloat16)
@@ -76,8 +78,9 @@ def test_compiled_form_lowers_for_sm90(h, kw):
   lens = jax.ShapeDtypeStruct((b,), jnp.int32) if kw.get("kv_lengths") else None
   fwd = functools.partial(
       ops._forward, causal=kw.get("causal", False), scale=h ** -0.5, window=kw.get("window"),
-      softcap=kw.get("softcap"), cfg=default_config(head_dim=h, seq_k=s), hp=padded_head_dim(h),
-      interpret=False)
+      softcap=kw.get("softcap"),
+      cfg=dataclasses.replace(default_config(head_dim=h, seq_k=s), overlap=overlap),
+      hp=padded_head_dim(h), interpret=False)
   lowered = jax.jit(fwd).trace(q, k, k, qs, ks, lens).lower(lowering_platforms=("cuda",))
   text = lowered.as_text()
   assert "mosaic_gpu" in text                        # one Mosaic GPU custom call
