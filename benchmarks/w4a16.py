@@ -222,6 +222,22 @@ def measure_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool)
   row["ours_triton_api"] = _check_and_time(p, row["m"], fn, p.qws, iters=iters)
 
 
+def _keep_best(row: dict[str, Any], key: str, *, speedup_prefix: str) -> dict | None:
+  """Sets ``row[key]`` to the fastest timed entry of ``row[key + "_sweep"]`` and the speedups
+  over the XLA peers (``row[speedup_prefix + "speedup_vs_" + peer]``); returns it (None if none
+  ran)."""
+  timed = [e for e in row[f"{key}_sweep"] if "ms" in e]
+  if not timed:
+    return None
+  best = min(timed, key=lambda e: e["ms"])
+  row[key] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
+                  method=best["method"])
+  for peer in ("xla_bf16", "xla_int4"):
+    if "ms" in row.get(peer, {}):
+      row[f"{speedup_prefix}speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
+  return best
+
+
 def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
                  interpret: bool) -> None:
   """Checks ``cfg`` (prepared weights) against the reference, times it, keeps the best."""
@@ -229,14 +245,8 @@ def measure_ours(p: Problem, row: dict[str, Any], cfg: Config, *, iters: int,
   entry = dict(config=dataclasses.asdict(cfg), **_check_and_time(p, row["m"], fn, p.pws,
                                                                   iters=iters))
   row["ours_triton_sweep"].append(entry)
-  timed = [e for e in row["ours_triton_sweep"] if "ms" in e]
-  if timed:
-    best = min(timed, key=lambda e: e["ms"])
-    row["ours_triton"] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
-                              method=best["method"])
-    for peer in ("xla_bf16", "xla_int4"):
-      if "ms" in row.get(peer, {}):
-        row[f"speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
+  best = _keep_best(row, "ours_triton", speedup_prefix="")
+  if best is not None:
     row["hbm_fraction"] = row["floor_ms"] / best["ms"]
 
 
@@ -253,14 +263,7 @@ def measure_mosaic(p: Problem, row: dict[str, Any], cfg: MosaicConfig, *, iters:
   entry = dict(config=dataclasses.asdict(cfg), **_check_and_time(p, row["m"], fn, weights,
                                                                   iters=iters))
   row["ours_mosaic_sweep"].append(entry)
-  timed = [e for e in row["ours_mosaic_sweep"] if "ms" in e]
-  if timed:
-    best = min(timed, key=lambda e: e["ms"])
-    row["ours_mosaic"] = dict(ms=best["ms"], config=best["config"], rel_err=best["rel_err"],
-                              method=best["method"])
-    for peer in ("xla_bf16", "xla_int4"):
-      if "ms" in row.get(peer, {}):
-        row[f"mosaic_speedup_vs_{peer}"] = row[peer]["ms"] / best["ms"]
+  _keep_best(row, "ours_mosaic", speedup_prefix="mosaic_")
 
 
 def table(results: list[dict[str, Any]]) -> str:
