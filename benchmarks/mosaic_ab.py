@@ -1,16 +1,18 @@
-"""A/B of one Mosaic attention forward variant against the default Config, then an autotune cache.
+"""A/B of Mosaic attention forward variants against a baseline Config, then an autotune cache.
 
-1. Correctness of the variant: the smoke cases of ``mosaic_smoke.py`` (every mask, GQA/MQA, head
-   dims 64/128/256, T and S off the tile) against the float32 reference and against the default
-   Config's output.
-2. Forward kernel time (CUPTI) of the default and the variant on the benchmark grid's forward
-   rows, cuDNN in the same process.
-3. If the variant is correct, the faster Config of each row goes into the autotune cache at
-   ``$PALLAS_ATTN_TUNE_CACHE`` (``mosaic.autotune.lookup`` reads it), so a grid run after this
-   one in the same call uses the winners.
+1. Correctness of each variant: the smoke cases of ``mosaic_smoke.py`` (every mask, GQA/MQA,
+   head dims 64/128/256, T and S off the tile) against the float32 reference and against the
+   baseline's output.
+2. Forward kernel time (CUPTI) of the baseline and every correct variant on the benchmark
+   grid's forward rows, cuDNN and tokamax's Mosaic forward in the same process.
+3. The fastest correct Config of each row goes into the autotune cache at
+   ``$PALLAS_ATTN_TUNE_CACHE`` (``mosaic.autotune.lookup`` reads it).
 
-  PYTHONPATH=$PWD PALLAS_ATTN_TUNE_CACHE=$OUT/tune_cache.json \
-      python3 benchmarks/mosaic_ab.py --out $OUT --variant overlap=True
+A variant is ``name:field=value,field=value`` (Config fields; ``--variant`` repeats); the
+baseline is ``default_config`` with ``--base`` applied. Results stream into ``OUT/mosaic_ab.json``.
+
+  PYTHONPATH=$PWD PALLAS_ATTN_TUNE_CACHE=$OUT/tune_cache.json python3 benchmarks/mosaic_ab.py \
+      --out $OUT --variant fma:fold_scale=True --variant named:named_barriers=True
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _p in (os.path.dirname(_HERE), _HERE):
@@ -34,12 +37,12 @@ from pallas_attn import flash_attention, reference  # noqa: E402
 from pallas_attn.mosaic import autotune  # noqa: E402
 from pallas_attn.mosaic.config import default_config  # noqa: E402
 
-ROWS = [(4, 4096, 16, 128), (16, 1024, 16, 128), (1, 16384, 16, 128), (4, 4096, 32, 64),
+ROWS = [(16, 1024, 16, 128), (4, 4096, 16, 128), (1, 16384, 16, 128), (4, 4096, 32, 64),
         (4, 4096, 8, 256)]
 TOL = 2e-2      # max |out - ref| / max |ref| (as benchmarks/attention.py)
 
 
-def _parse_variant(text: str) -> dict:
+def parse_fields(text: str) -> dict:
   out = {}
   for item in filter(None, text.split(",")):
     key, val = item.split("=")
@@ -47,57 +50,88 @@ def _parse_variant(text: str) -> dict:
   return out
 
 
-def check(case, variant: dict) -> dict:
+def parse_variant(text: str) -> tuple[str, dict]:
+  name, _, fields = text.partition(":")
+  return name, parse_fields(fields)
+
+
+def configs_for(h: int, s: int, base: dict, variants: dict[str, dict]) -> dict:
+  cfg0 = dataclasses.replace(default_config(head_dim=h, seq_k=s), **base)
+  return {"base": cfg0, **{n: dataclasses.replace(cfg0, **v) for n, v in variants.items()}}
+
+
+def check(case, base: dict, variants: dict[str, dict]) -> dict:
   b, t, s, n, kh, h, kw = case
   q, k, v, extra = _inputs(b, t, s, n, kh, h, kw)
   ref = reference.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
                             precision=jax.lax.Precision.HIGHEST, **extra)
-  base = default_config(head_dim=h, seq_k=s)
-  outs = {}
-  for name, cfg in (("default", base), ("variant", dataclasses.replace(base, **variant))):
-    fn = jax.jit(lambda q, k, v, cfg=cfg: flash_attention(q, k, v, implementation="mosaic",
-                                                          config=cfg, **extra))
-    outs[name] = fn(q, k, v).astype(jnp.float32)
   scale = float(jnp.max(jnp.abs(ref)))
-  return {"case": str(case),
-          "default_err": float(jnp.max(jnp.abs(outs["default"] - ref))) / scale,
-          "variant_err": float(jnp.max(jnp.abs(outs["variant"] - ref))) / scale,
-          "variant_vs_default": float(jnp.max(jnp.abs(outs["variant"] - outs["default"])))}
+  row, outs = {"case": str(case)}, {}
+  for name, cfg in configs_for(h, s, base, variants).items():
+    try:
+      fn = jax.jit(lambda q, k, v, cfg=cfg: flash_attention(q, k, v, implementation="mosaic",
+                                                            config=cfg, **extra))
+      outs[name] = fn(q, k, v).astype(jnp.float32)
+      row[f"{name}_err"] = float(jnp.max(jnp.abs(outs[name] - ref))) / scale
+      if name != "base" and "base" in outs:
+        row[f"{name}_vs_base"] = float(jnp.max(jnp.abs(outs[name] - outs["base"]))) / scale
+    except Exception as e:  # pylint: disable=broad-except
+      row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:800]}"
+  return row
+
+
+def peers(causal: bool) -> dict:
+  fns = {"cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                               implementation="cudnn")}
+  try:
+    import tokamax  # pylint: disable=import-outside-toplevel
+    fns["tokamax"] = lambda q, k, v: tokamax.dot_product_attention(
+        q, k, v, is_causal=causal, implementation="mosaic")
+  except ImportError:
+    pass
+  return fns
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", required=True)
-  ap.add_argument("--variant", default="overlap=True")
+  ap.add_argument("--base", default="", help="Config fields applied to default_config")
+  ap.add_argument("--variant", action="append", default=[])
+  ap.add_argument("--rows", default="", help="indices into ROWS, e.g. 0,1 (default: all)")
+  ap.add_argument("--causal", default="0,1", help="0 = full, 1 = causal")
+  ap.add_argument("--budget-s", type=float, default=400.0)
   args = ap.parse_args()
-  variant = _parse_variant(args.variant)
+  t0 = time.time()
+  base = parse_fields(args.base)
+  variants = dict(parse_variant(v) for v in args.variant)
   path = os.path.join(args.out, "mosaic_ab.json")
-  payload = {"meta": timing.metadata(), "variant": variant, "correctness": [], "rows": []}
-  ok = True
+  payload = {"meta": timing.metadata(), "base": base, "variants": variants, "correctness": [],
+             "rows": []}
+  bad = set()
   for case in CASES:
-    try:
-      row = check(case, variant)
-      ok &= row["variant_err"] <= TOL
-    except Exception as e:  # pylint: disable=broad-except
-      row, ok = {"case": str(case), "error": f"{type(e).__name__}: {str(e)[:1500]}"}, False
+    row = check(case, base, variants)
+    for name in ("base", *variants):
+      if f"{name}_error" in row or row.get(f"{name}_err", 1.0) > TOL:
+        bad.add(name)
     print(row, flush=True)
     payload["correctness"].append(row)
     timing.write_json(path, payload)
-  payload["variant_correct"] = ok
+  payload["incorrect"] = sorted(bad)
+  rows = [ROWS[int(i)] for i in args.rows.split(",")] if args.rows else ROWS
   cache = {}
-  for b, t, n, h in ROWS:
-    for causal in (False, True):
+  for b, t, n, h in rows:
+    for causal in (bool(int(c)) for c in args.causal.split(",")):
+      if time.time() - t0 > args.budget_s:
+        payload["stopped"] = f"budget {args.budget_s} s reached"
+        break
       keys = jax.random.split(jax.random.key(0), 3)
       q, k, v = (jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-      base = default_config(head_dim=h, seq_k=t)
-      cfgs = {"default": base}
-      if ok:
-        cfgs["variant"] = dataclasses.replace(base, **variant)
+      cfgs = {name: cfg for name, cfg in configs_for(h, t, base, variants).items()
+              if name not in bad}
       row = {"shape": [b, t, n, h], "causal": causal}
       fns = {name: (lambda q, k, v, cfg=cfg: flash_attention(
           q, k, v, causal=causal, implementation="mosaic", config=cfg)) for name, cfg in cfgs.items()}
-      fns["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                                  implementation="cudnn")
+      fns.update(peers(causal))
       for name, fn in fns.items():
         try:
           row[f"{name}_ms"] = timing.measure(jax.jit(fn), (q, k, v), iterations=10).ms
@@ -107,8 +141,9 @@ def main():
       if timed:
         best = min(timed, key=timed.get)
         row["best"] = best
-        if "cudnn_ms" in row:
-          row["best_vs_cudnn"] = row["cudnn_ms"] / timed[best]
+        for peer in ("cudnn", "tokamax"):
+          if f"{peer}_ms" in row:
+            row[f"best_vs_{peer}"] = row[f"{peer}_ms"] / timed[best]
         cache[autotune.problem_key(head_dim=h, seq_k=t, causal=causal, dtype=jnp.bfloat16)] = {
             "config": dataclasses.asdict(cfgs[best]), "ms": timed[best], "shape": [b, t, t, n, n, h]}
       print(row, flush=True)

@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 NEG_INF = float("-inf")
 
@@ -64,6 +65,38 @@ def and_masks(*masks: jax.Array | None) -> jax.Array | None:
   return out
 
 
+def _key_spans(q_first, q_last, *, spec: MaskSpec, seq_k: int):
+  """Keys [lo_key, hi_key) visible to some query in [q_first, q_last] and [lo_all, hi_all)
+  visible to all of them (position mask only); every bound clipped to [0, seq_k]."""
+  zero = jnp.zeros_like(q_first)
+  lo_key = lo_all = zero
+  hi_key = hi_all = zero + seq_k                         # exclusive
+  if spec.left is not None:
+    lo_key = jnp.clip(q_first + spec.offset - spec.left, 0, seq_k)
+    lo_all = jnp.clip(q_last + spec.offset - spec.left, 0, seq_k)
+  if spec.right is not None:
+    hi_key = jnp.clip(q_last + spec.offset + spec.right + 1, 0, seq_k)
+    hi_all = jnp.clip(q_first + spec.offset + spec.right + 1, 0, seq_k)
+  return lo_key, hi_key, lo_all, hi_all
+
+
+def _to_blocks(lo_key, hi_key, lo_all, hi_all, block_k: int):
+  """Key spans -> (lo, lo_full, hi_full, hi) in blocks of ``block_k``; bounds are >= 0, so
+  truncating division is floor division (no floor_divide, which kernels may not lower)."""
+  empty = hi_key <= lo_key
+  lo = jnp.where(empty, 0, lax.div(lo_key, block_k))
+  hi = jnp.where(empty, 0, lax.div(hi_key + (block_k - 1), block_k))
+  lo_full = jnp.clip(lax.div(lo_all + (block_k - 1), block_k), lo, hi)
+  hi_full = jnp.clip(lax.div(hi_all, block_k), lo_full, hi)
+  return lo, lo_full, hi_full, hi
+
+
+def tile_block_range(q_first, q_last, *, spec: MaskSpec, seq_k: int, block_k: int):
+  """``kv_block_ranges`` of one query tile [q_first, q_last] under the position mask alone
+  (no kv_lengths, no segment ids); works on traced scalars, e.g. inside a kernel."""
+  return _to_blocks(*_key_spans(q_first, q_last, spec=spec, seq_k=seq_k), block_k)
+
+
 def kv_block_ranges(
     *,
     spec: MaskSpec,
@@ -89,21 +122,9 @@ def kv_block_ranges(
   qb = jnp.arange(nq, dtype=jnp.int32)
   q_first = qb * block_q
   q_last = jnp.minimum(q_first + block_q, seq_q) - 1
-  # Key span visible to any query of the block, and the span visible to all of them.
-  lo_key = jnp.zeros_like(qb)
-  hi_key = jnp.full_like(qb, seq_k)                      # exclusive
-  lo_all = jnp.zeros_like(qb)
-  hi_all = jnp.full_like(qb, seq_k)
-  if spec.left is not None:
-    lo_key = jnp.maximum(q_first + spec.offset - spec.left, 0)
-    lo_all = jnp.maximum(q_last + spec.offset - spec.left, 0)
-  if spec.right is not None:
-    hi_key = jnp.clip(q_last + spec.offset + spec.right + 1, 0, seq_k)
-    hi_all = jnp.clip(q_first + spec.offset + spec.right + 1, 0, seq_k)
-  lo_key = jnp.broadcast_to(lo_key, (batch, nq))
-  hi_key = jnp.broadcast_to(hi_key, (batch, nq))
-  lo_all = jnp.broadcast_to(lo_all, (batch, nq))
-  hi_all = jnp.broadcast_to(hi_all, (batch, nq))
+  lo_key, hi_key, lo_all, hi_all = _key_spans(q_first, q_last, spec=spec, seq_k=seq_k)
+  lo_key, hi_key, lo_all, hi_all = (jnp.broadcast_to(x, (batch, nq))
+                                    for x in (lo_key, hi_key, lo_all, hi_all))
   if kv_lengths is not None:
     length = jnp.clip(kv_lengths.astype(jnp.int32), 0, seq_k)[:, None]
     hi_key = jnp.minimum(hi_key, length)
@@ -123,11 +144,7 @@ def kv_block_ranges(
     lo_key = jnp.maximum(lo_key, first)
     hi_key = jnp.minimum(hi_key, last)
     hi_all = lo_all                                                      # always mask
-  empty = hi_key <= lo_key
-  lo = jnp.where(empty, 0, lo_key // block_k)
-  hi = jnp.where(empty, 0, -(-hi_key // block_k))
-  lo_full = jnp.clip(-(-lo_all // block_k), lo, hi)
-  hi_full = jnp.clip(hi_all // block_k, lo_full, hi)
+  lo, lo_full, hi_full, hi = _to_blocks(lo_key, hi_key, lo_all, hi_all, block_k)
   return jnp.stack([lo, lo_full, hi_full, hi], axis=-1).astype(jnp.int32)
 
 

@@ -27,6 +27,19 @@ class Config:
       loop: the Mosaic GPU interpreter has no register operands for wgmma). Correct but measured
       1.1-1.9x slower than the plain loop on the H200 (register pressure; benchmarks/NOTES.md),
       so off by default.
+    fold_scale: keep the logits unscaled until the softmax: the row max is taken on q.k and
+      2^(c q.k - m) is one FMA per element instead of a multiply and a subtract (exact maths,
+      different rounding; FA3 Section 3.1 on the non-matmul FLOPs). Ignored for scale <= 0.
+    named_barriers: the consumers' ping-pong on two hardware named barriers (``bar.arrive`` to
+      hand the tensor cores over, ``bar.sync`` to take them) instead of an mbarrier rendezvous.
+      Compiled only (PTX); interpret mode keeps the mbarrier. Ignored with ``overlap``.
+    early_k_wait: wait for the next K block inside the P V wgmma scope, while P V runs.
+    no_auto_barriers: ``CompilerParams(unsafe_no_auto_barriers=True)``: no warpgroup barrier
+      around SMEM stores and TMA issues (the kernel never reads and writes a region from the
+      same thread, the condition that makes this safe). Compiled only.
+    computed_ranges: for position-only masks (causal / window, no kv_lengths, no segment ids)
+      compute each CTA's K/V block range from its tile index in the kernel instead of
+      TMA-loading a per-tile record first (one dependent global load less per CTA).
   """
   block_q: int = 64
   block_kv: int = 128
@@ -35,6 +48,11 @@ class Config:
   bwd_block_kv: int = 64
   backward: str = "mosaic"
   overlap: bool = False
+  fold_scale: bool = False
+  named_barriers: bool = False
+  early_k_wait: bool = False
+  no_auto_barriers: bool = False
+  computed_ranges: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

@@ -33,11 +33,16 @@ import math
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
 
 LOG2E = math.log2(math.e)
+WG_THREADS = 128
+# First hardware (named) barrier of the ping-pong: Mosaic GPU keeps 0 for gpu.barrier and
+# 1 + warpgroup index for its own warpgroup barriers (1..3 with three warpgroups).
+SCHEDULE_BAR = 4
 LN2 = math.log(2.0)
 COMPUTE_WGS = 2          # consumer warpgroups per CTA; warpgroup COMPUTE_WGS is the producer
 META_LEN = 8             # per-tile int32 metadata: lo, lo_full, hi_full, hi, kv_len, 0, 0, 0
@@ -58,6 +63,12 @@ class Statics:
   num_kv_blocks: int            # padded S / block_kv
   registers_pv: bool
   overlap: bool = False         # intra-warpgroup overlap (FA3 Section 3.2); needs registers_pv
+  fold_scale: bool = False      # max on raw logits, one FMA per element for 2^(c s - m)
+  named_barriers: bool = False  # ping-pong on hardware named barriers; compiled only
+  early_k_wait: bool = False    # wait for the next K block inside the P V wgmma scope
+  computed_ranges: bool = False  # [lo, hi) from the tile index (position-only masks), no TMA
+  seq_q: int = 0                # real T and S (computed_ranges only)
+  seq_k: int = 0
 
   @property
   def any_mask(self) -> bool:
@@ -65,10 +76,20 @@ class Statics:
 
 
 def _logits2(s, st: Statics):
-  """q.k -> base-2 logits with the scale (and softcap) folded in."""
+  """q.k -> (x, c) with base-2 logits c * x: the scale (and softcap) folded into c.
+
+  With ``st.fold_scale`` (and c > 0, so that max(c x) = c max(x)) the multiply by c is left to
+  the softmax, where it fuses with the max subtraction into one FMA per element
+  (2^(c x - m), FA3 Section 3.1: the non-matmul FLOPs are what the tensor cores wait for);
+  otherwise x is returned already scaled and c is None.
+  """
   if st.softcap is None:
-    return s * (st.scale * LOG2E)
-  return jnp.tanh(s * (st.scale / st.softcap)) * (st.softcap * LOG2E)
+    x, c = s, st.scale * LOG2E
+  else:
+    x, c = jnp.tanh(s * (st.scale / st.softcap)), st.softcap * LOG2E
+  if st.fold_scale and c > 0:
+    return x, c
+  return x * c, None
 
 
 def _mask(q_start, k_start, kv_len, q_seg, kv_seg, st: Statics):
@@ -116,13 +137,39 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
 
   # Which K/V blocks this CTA visits: [lo, hi) from the per-tile metadata (masks.kv_block_ranges
   # on 2*block_q rows), or every block when nothing is masked.
-  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
-                                                 batch=batch, tile=tile, full=st.num_kv_blocks)
+  if st.computed_ranges:
+    lo, lo_full, hi_full, hi, kv_len = computed_tile_ranges(tile, st)
+  else:
+    lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
+                                                   batch=batch, tile=tile, full=st.num_kv_blocks)
   num_steps = hi - lo
 
   def schedule_barrier():
     plgpu.barrier_arrive(schedule)
     plgpu.barrier_wait(schedule)
+
+  # The two consumers' turns on the tensor cores. ``turn_end`` after issuing Q K^T, ``turn_begin``
+  # before issuing P V. Named hardware barriers (FA3 Section 3.1): a consumer signals the other's
+  # barrier (``bar.arrive``, non-blocking) and waits on its own (``bar.sync``), so neither waits
+  # for the other to reach the same point; the mbarrier fallback is a symmetric rendezvous.
+  # ``turn_begin(wait_v)`` also waits for the V block (``wait_v``) before the turn starts.
+  if st.named_barriers and not st.overlap:
+    turn_end = lambda: named_barrier("arrive", SCHEDULE_BAR + 1 - wg, 2 * WG_THREADS)
+    sync = lambda: named_barrier("sync", SCHEDULE_BAR + wg, 2 * WG_THREADS)
+
+    def turn_begin(wait_v):
+      wait_v()
+      sync()
+    first_turn_wait, last_turn_signal = sync, turn_end
+  else:
+    turn_end = schedule_barrier
+
+    def turn_begin(wait_v):
+      plgpu.barrier_arrive(schedule)
+      wait_v()
+      plgpu.barrier_wait(schedule)
+    first_turn_wait = last_turn_signal = schedule_barrier
+  early_k_wait = st.early_k_wait and not st.overlap
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
@@ -144,11 +191,16 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     carry = (acc, row - jnp.inf, row)
 
     # Consumer 1 starts one turn late: from then on the two alternate on the tensor cores.
-    pl.when(wg == 1)(schedule_barrier)
+    pl.when(wg == 1)(first_turn_wait)
+    if early_k_wait:
+      # The first K block; each later one is waited inside the previous step's P V scope.
+      @pl.when(hi > lo)
+      def _():
+        plgpu.barrier_wait(k_ready.at[0])
 
     def logits(s, j, slot, masked: bool):
-      """Scaled base-2 logits of K/V block j (in ring slot ``slot``) with its mask applied."""
-      s = _logits2(s, st)
+      """Base-2 logits (x, c) of K/V block j (ring slot ``slot``) with its mask applied."""
+      s, c = _logits2(s, st)
       if st.has_segments:
         # Waited on every step, masked or not: a barrier's phase advances once per fill.
         plgpu.barrier_wait(seg_ready.at[slot])
@@ -158,30 +210,39 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
           kv_seg = plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
         mask = _mask(q_start, j * bkv, kv_len, q_seg, kv_seg, st)
         s = jnp.where(mask, s, -jnp.inf)
-      return s
+      return s, c
 
     def step(j, carry, masked: bool):
       acc, m_prev, l_prev = carry
       i = j - lo
       slot = lax.rem(i, stages)
-      plgpu.barrier_wait(k_ready.at[slot])
+      if not early_k_wait:
+        plgpu.barrier_wait(k_ready.at[slot])
+
+      def wait_next_k():
+        if early_k_wait:
+          @pl.when(j + 1 < hi)
+          def _():
+            plgpu.barrier_wait(k_ready.at[lax.rem(i + 1, stages)])
 
       def qk(acc_ref):
         plgpu.wgmma(acc_ref, qo_smem, k_smem.at[slot].transpose((1, 0)))
-        schedule_barrier()                        # let the other consumer issue its matmuls
+        turn_end()                                # let the other consumer issue its matmuls
         return acc_ref[...]
-      s = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
+      s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
       plgpu.barrier_arrive(k_free.at[slot])
 
-      p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, qo_smem.dtype)
+      p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, qo_smem.dtype, c)
       alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
 
-      plgpu.barrier_arrive(schedule)              # softmax done: wait for our tensor-core turn
-      plgpu.barrier_wait(v_ready.at[slot])
-      plgpu.barrier_wait(schedule)
+      # Softmax done: wait for V and for our tensor-core turn.
+      turn_begin(lambda: plgpu.barrier_wait(v_ready.at[slot]))
       if st.registers_pv:
         def pv(acc_ref):
           plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+          # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is
+          # waited on only when the scope closes.
+          wait_next_k()
         acc = pl.run_state(pv)(plgpu.ACC.init(acc * alpha_o))
       else:
         p_smem = p_smem2.at[wg]
@@ -192,6 +253,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
           plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
           return acc_ref[...]
         acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+        wait_next_k()
       plgpu.barrier_arrive(v_free.at[slot])
       return acc, m_new, l_new
 
@@ -208,7 +270,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
       carry = lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
     acc, m, l = carry
     # Keep the schedule balanced: consumer 0 takes the turn consumer 1 skipped at the start.
-    pl.when(wg == 0)(schedule_barrier)
+    pl.when(wg == 0)(last_turn_signal)
 
     seen = l > 0
     l_safe = jnp.where(seen, l, 1.0)
@@ -229,16 +291,20 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     produce(num_steps, stages, fetch, (k_free, v_free))
 
 
-def _softmax(s, m_prev, l_prev, dtype):
-  """One online-softmax step (FA2 Alg. 1 lines 8-10, base 2) on a block of logits ``s``.
+def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
+  """One online-softmax step (FA2 Alg. 1 lines 8-10, base 2) on a block of logits ``c * s``.
 
-  Returns P in ``dtype``, alpha = 2^(m_prev - m_new), m_new and l_new. Rows that have seen no
-  visible key keep m = -inf: they subtract 0 (no -inf - -inf), so P = 0 and alpha = 0 there.
+  ``c`` None means ``s`` is already scaled. Returns P in ``dtype``, alpha = 2^(m_prev - m_new),
+  m_new and l_new (m in scaled units). With c > 0, max(c s) = c max(s): the row max is scaled
+  once per row and c s - m is one FMA per element. Rows that have seen no visible key keep
+  m = -inf: they subtract 0 (no -inf - -inf), so P = 0 and alpha = 0 there.
   """
-  m_new = jnp.maximum(m_prev, s.max(axis=1))
+  row_max = s.max(axis=1) if c is None else s.max(axis=1) * c
+  m_new = jnp.maximum(m_prev, row_max)
   m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
   alpha = jnp.exp2(m_prev - m_use)
-  p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
+  m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
+  p = jnp.exp2(s - m_b if c is None else s * c - m_b)
   return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
 
 
@@ -271,9 +337,9 @@ def _overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, schedule_barrie
       plgpu.wgmma(acc_ref, q_smem, k_smem.at[0].transpose((1, 0)))
       schedule_barrier()
       return acc_ref[...]
-    s = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), lo, 0, st.any_mask)
+    s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), lo, 0, st.any_mask)
     plgpu.barrier_arrive(k_free.at[0])
-    p16, alpha, m, l = _softmax(s, m, l, dtype)
+    p16, alpha, m, l = _softmax(s, m, l, dtype, c)
     return acc, m, l, p16, alpha
 
   def step(jn, state, masked: bool):    # issue S_jn and P_{jn-1} V_{jn-1}; softmax of S_jn
@@ -289,9 +355,10 @@ def _overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, schedule_barrie
       plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
       schedule_barrier()                # the other consumer's turn
       plgpu.wgmma_wait(1)               # S_jn is done; P V may still run
-      s = logits(plgpu.wgmma_accumulator_load(s_ref, wait_n=None), jn, slot_n, masked)
+      s, c = logits(plgpu.wgmma_accumulator_load(s_ref, wait_n=None), jn, slot_n, masked)
       plgpu.barrier_arrive(k_free.at[slot_n])
-      p_ref[...], a_ref[...], m_ref[...], l_ref[...] = _softmax(s, m_ref[...], l_ref[...], dtype)
+      p_ref[...], a_ref[...], m_ref[...], l_ref[...] = _softmax(s, m_ref[...], l_ref[...], dtype,
+                                                                c)
 
     acc, _, m, l, p16, alpha = pl.run_state(turn)(
         (plgpu.ACC.init(acc * bcast(alpha, acc)), plgpu.ACC.init(wgmma_tile(0, jnp.float32)),
@@ -339,6 +406,31 @@ def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int):
     plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
   plgpu.barrier_wait(meta_ready.at[0])
   return tuple(meta_smem[i] for i in range(5))
+
+
+def computed_tile_ranges(tile, st: Statics):
+  """``tile_ranges`` for position-only masks, from the CTA's query tile index (no metadata
+  load: the consumers can start as soon as Q and the first K block land). Same values as
+  ``masks.kv_block_ranges`` for one tile of ``COMPUTE_WGS * block_q`` rows (kv_len = S)."""
+  cta_q = COMPUTE_WGS * st.block_q
+  q_first = tile * cta_q
+  q_last = jnp.minimum(q_first + cta_q, st.seq_q) - 1
+  lo, lo_full, hi_full, hi = masks.tile_block_range(q_first, q_last, spec=st.spec,
+                                                     seq_k=st.seq_k, block_k=st.block_kv)
+  return lo, lo_full, hi_full, hi, st.seq_k
+
+
+def named_barrier(op: str, barrier_id, num_threads: int):
+  """``bar.sync`` / ``bar.arrive`` on hardware barrier ``barrier_id`` (an int32 scalar) for
+  ``num_threads`` threads. Compiled only: the Mosaic GPU interpreter cannot run PTX."""
+  if op not in ("sync", "arrive"):
+    raise ValueError(f"op must be 'sync' or 'arrive', got {op!r}")
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
+  def _bar(_, bar):
+    mgpu_utils.inline_ptx(f"bar.{op} $0, {num_threads};", bar.registers.item(),
+                          has_side_effects=True, convergent=True)
+  _bar(jnp.asarray(barrier_id, jnp.int32))
 
 
 def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):

@@ -226,11 +226,16 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   left, right = masks.canonical_window(causal=causal, window=window)
   spec = masks.MaskSpec(left=left, right=right, offset=s - t)
   has_kv_len = kv_lengths is not None or tk != s
+  # Position-only masks: the kernel computes each tile's block range (kv_len = S, static).
+  computed = (cfg.computed_ranges and not spec.is_trivial and kv_lengths is None
+              and q_seg is None)
   st = kernels.Statics(
       scale=scale, softcap=softcap, spec=spec, has_kv_len=has_kv_len,
       has_segments=q_seg is not None, groups=n // kh, block_q=cfg.block_q,
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
-      registers_pv=not interpret, overlap=cfg.overlap and not interpret)
+      registers_pv=not interpret, overlap=cfg.overlap and not interpret,
+      fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
+      early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s)
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
   if smem > SMEM_LIMIT_BYTES:
     raise NotImplementedError(f"mosaic config needs ~{smem // 1024} KB of shared memory at head "
@@ -240,7 +245,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
 
   inputs = [pad(q, tq), pad(k, tk), pad(v, tk)]
-  has_meta = st.any_mask
+  has_meta = st.any_mask and not computed
   if has_meta:
     kv_len = (jnp.full((b,), s, jnp.int32) if kv_lengths is None
               else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
@@ -269,7 +274,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       grid_names=("heads", "q_seq", "batch"),
       num_threads=kernels.COMPUTE_WGS + 1,
       thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
+      compiler_params=plgpu.CompilerParams(
+          approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )(*inputs)
   if axes:

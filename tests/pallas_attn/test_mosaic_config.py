@@ -67,9 +67,14 @@ LOWER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+TUNED = dict(fold_scale=True, named_barriers=True, early_k_wait=True, no_auto_barriers=True,
+             computed_ranges=True)
+FORMS = {"plain": dict(), "overlap": dict(overlap=True), "tuned": TUNED}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("h,kw", LOWER_CASES, ids=lambda x: str(x))
-def test_compiled_form_lowers_for_sm90(h, kw, overlap):
+def test_compiled_form_lowers_for_sm90(h, kw, form):
   b, t, s, n, kh = 2, 1000, 1000, 4, 2
   q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
   k = jax.ShapeDtypeStruct((b, s, kh, h), jnp.bfloat16)
@@ -79,7 +84,7 @@ def test_compiled_form_lowers_for_sm90(h, kw, overlap):
   fwd = functools.partial(
       ops._forward, causal=kw.get("causal", False), scale=h ** -0.5, window=kw.get("window"),
       softcap=kw.get("softcap"),
-      cfg=dataclasses.replace(default_config(head_dim=h, seq_k=s), overlap=overlap),
+      cfg=dataclasses.replace(default_config(head_dim=h, seq_k=s), **FORMS[form]),
       hp=padded_head_dim(h), interpret=False)
   lowered = jax.jit(fwd).trace(q, k, k, qs, ks, lens).lower(lowering_platforms=("cuda",))
   text = lowered.as_text()
@@ -112,3 +117,17 @@ def test_compiled_backward_lowers_for_sm90(h, kw):
     lowered = jax.jit(bwd).trace(q, k, k, out, lse, do, lse, qs, ks, lens).lower(
         lowering_platforms=("cuda",))
   assert lowered.as_text().count("mosaic_gpu") >= 2             # dQ and dK/dV kernels
+
+
+def test_tuned_forward_uses_named_barriers_and_no_metadata():
+  """The named-barrier ping-pong reaches the PTX, and a causal call with computed ranges passes
+  no per-tile metadata array to the kernel (q, k, v only)."""
+  b, t, n, h = 1, 512, 2, 128
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+  fwd = functools.partial(ops._forward, causal=True, scale=h ** -0.5, window=None, softcap=None,
+                          cfg=dataclasses.replace(default_config(head_dim=h, seq_k=t), **TUNED),
+                          hp=h, interpret=False)
+  text = jax.jit(fwd).trace(q, q, q, None, None, None).lower(lowering_platforms=("cuda",)).as_text()
+  assert "bar.sync $0, 256" in text and "bar.arrive $0, 256" in text   # two consumers' threads
+  call = [line for line in text.splitlines() if "mosaic_gpu" in line and "custom_call" in line]
+  assert call and all("tensor<1x4x" not in line for line in call)   # no [B, tiles, 8] record
