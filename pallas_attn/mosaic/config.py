@@ -40,6 +40,11 @@ class Config:
     computed_ranges: for position-only masks (causal / window, no kv_lengths, no segment ids)
       compute each CTA's K/V block range from its tile index in the kernel instead of
       TMA-loading a per-tile record first (one dependent global load less per CTA).
+    persistent: launch one CTA per SM, each looping over (batch, head, query tile) tiles: the
+      producer streams the next tile's K/V while the consumers finish the current one, and the
+      next Q is loaded while O is written. Served when no per-tile metadata is needed (no mask,
+      or ``computed_ranges``), without segment ids or ``overlap``, and when Q and O buffers fit
+      in SMEM next to the ring; otherwise the one-CTA-per-tile grid runs.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -53,6 +58,7 @@ class Config:
   early_k_wait: bool = False
   no_auto_barriers: bool = False
   computed_ranges: bool = False
+  persistent: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

@@ -37,6 +37,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
+from pallas_attn.mosaic import overlap
 
 LOG2E = math.log2(math.e)
 WG_THREADS = 128
@@ -69,6 +70,9 @@ class Statics:
   computed_ranges: bool = False  # [lo, hi) from the tile index (position-only masks), no TMA
   seq_q: int = 0                # real T and S (computed_ranges only)
   seq_k: int = 0
+  persistent: bool = False      # num_ctas CTAs loop over the num_tiles (batch, head, q) tiles
+  num_ctas: int = 0
+  num_tiles: int = 0
 
   @property
   def any_mask(self) -> bool:
@@ -123,26 +127,42 @@ def fwd_kernel(*refs, st: Statics, has_meta: bool):
 
 def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, smem, bars,
           st: Statics):
-  qo_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2 = smem
+  q_smem2, o_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2 = smem
   (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, schedule) = bars
-  batch = lax.axis_index("batch")
-  head = lax.axis_index("heads")
-  tile = lax.axis_index("q_seq")
-  if st.spec.right is not None:
-    # Causal-like masks: the last query tiles see the most keys. Launch them first so that the
-    # short tiles fill the tail of the grid instead of a long one running alone at the end.
-    tile = q_ref.shape[1] // (COMPUTE_WGS * st.block_q) - 1 - tile
   wg = lax.axis_index("wg")
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  n_tiles = q_ref.shape[1] // (COMPUTE_WGS * bq)
+  num_heads = q_ref.shape[2]
 
-  # Which K/V blocks this CTA visits: [lo, hi) from the per-tile metadata (masks.kv_block_ranges
-  # on 2*block_q rows), or every block when nothing is masked.
-  if st.computed_ranges:
-    lo, lo_full, hi_full, hi, kv_len = computed_tile_ranges(tile, st)
+  def heavy_first(tile):
+    # Causal-like masks: the last query tiles see the most keys. Start them first so that the
+    # short tiles fill the tail of the grid instead of a long one running alone at the end.
+    return n_tiles - 1 - tile if st.spec.right is not None else tile
+
+  if st.persistent:
+    # One CTA per SM walks the (batch, head, tile) space with stride num_ctas, tile fastest, so
+    # that the CTAs running together read the same heads' K/V (L2 reuse). Between tiles the
+    # producer runs ahead into the next tile's K/V and the consumers prefetch the next Q while
+    # they write O: no CTA launch, Q latency or pipeline fill per tile.
+    cta = lax.axis_index("sm")
+    num_local = lax.div(st.num_tiles - 1 - cta, jnp.int32(st.num_ctas)) + 1
+
+    def coords(i):
+      flat = cta + i * st.num_ctas
+      bh, tile = lax.div(flat, jnp.int32(n_tiles)), lax.rem(flat, jnp.int32(n_tiles))
+      return lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)), heavy_first(tile)
   else:
-    lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
-                                                   batch=batch, tile=tile, full=st.num_kv_blocks)
-  num_steps = hi - lo
+    num_local = 1
+    coords = lambda i: (lax.axis_index("batch"), lax.axis_index("heads"),
+                        heavy_first(lax.axis_index("q_seq")))
+
+  def ranges(batch, tile):
+    """(lo, lo_full, hi_full, hi, kv_len): blocks [lo, hi) are visited, [lo_full, hi_full)
+    need no mask (masks.kv_block_ranges on the CTA's 2 * block_q rows)."""
+    if st.computed_ranges:
+      return computed_tile_ranges(tile, st)
+    return tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg, batch=batch, tile=tile,
+                       full=st.num_kv_blocks)
 
   def schedule_barrier():
     plgpu.barrier_arrive(schedule)
@@ -174,121 +194,176 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
     plgpu.set_max_registers(232, action="increase")
-    qo_smem = qo_smem2.at[wg]
-    q_start = tile * (COMPUTE_WGS * bq) + wg * bq
-    plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_start, bq), head], qo_smem, q_ready.at[wg])
-    q_seg = None
-    if st.has_segments:
-      plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(q_start, bq)], qseg_smem2.at[wg],
-                              q_ready.at[COMPUTE_WGS + wg])
-      plgpu.barrier_wait(q_ready.at[COMPUTE_WGS + wg])
-      q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
-    plgpu.barrier_wait(q_ready.at[wg])
+    q_smem = q_smem2.at[wg]
+    # Without persistence O is staged in Q's buffer (Q is dead by then; saves SMEM at H=256).
+    o_smem = q_smem if o_smem2 is None else o_smem2.at[wg]
 
-    row = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-    acc = plgpu.layout_cast(jnp.full((bq, qo_smem.shape[-1]), 0.0, jnp.float32),
-                            plgpu.Layout.WGMMA)
-    carry = (acc, row - jnp.inf, row)
+    def load_q(i):
+      batch, head, tile = coords(i)
+      q_start = tile * (COMPUTE_WGS * bq) + wg * bq
+      plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_start, bq), head], q_smem, q_ready.at[wg])
+    load_q(0)
 
-    # Consumer 1 starts one turn late: from then on the two alternate on the tensor cores.
-    pl.when(wg == 1)(first_turn_wait)
-    if early_k_wait:
-      # The first K block; each later one is waited inside the previous step's P V scope.
-      @pl.when(hi > lo)
-      def _():
-        plgpu.barrier_wait(k_ready.at[0])
-
-    def logits(s, j, slot, masked: bool):
-      """Base-2 logits (x, c) of K/V block j (ring slot ``slot``) with its mask applied."""
-      s, c = _logits2(s, st)
+    def tile_body(i, base):
+      """Local tile i; ``base`` = K/V blocks this CTA consumed before it (ring position)."""
+      batch, head, tile = coords(i)
+      lo, lo_full, hi_full, hi, kv_len = ranges(batch, tile)
+      q_start = tile * (COMPUTE_WGS * bq) + wg * bq
+      q_seg = None
       if st.has_segments:
-        # Waited on every step, masked or not: a barrier's phase advances once per fill.
-        plgpu.barrier_wait(seg_ready.at[slot])
-      if masked:
-        kv_seg = None
+        plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(q_start, bq)], qseg_smem2.at[wg],
+                                q_ready.at[COMPUTE_WGS + wg])
+        plgpu.barrier_wait(q_ready.at[COMPUTE_WGS + wg])
+        q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+      plgpu.barrier_wait(q_ready.at[wg])
+      slot_of = lambda j: lax.rem(base + j - lo, stages)
+
+      row = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+      acc = plgpu.layout_cast(jnp.full((bq, q_smem.shape[-1]), 0.0, jnp.float32),
+                              plgpu.Layout.WGMMA)
+      carry = (acc, row - jnp.inf, row)
+
+      # Consumer 1 starts one turn late: from then on the two alternate on the tensor cores.
+      pl.when(wg == 1)(first_turn_wait)
+      if early_k_wait:
+        # The first K block; each later one is waited inside the previous step's P V scope.
+        @pl.when(hi > lo)
+        def _():
+          plgpu.barrier_wait(k_ready.at[slot_of(lo)])
+
+      def logits(s, j, slot, masked: bool):
+        """Base-2 logits (x, c) of K/V block j (ring slot ``slot``) with its mask applied."""
+        s, c = _logits2(s, st)
         if st.has_segments:
-          kv_seg = plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-        mask = _mask(q_start, j * bkv, kv_len, q_seg, kv_seg, st)
-        s = jnp.where(mask, s, -jnp.inf)
-      return s, c
+          # Waited on every step, masked or not: a barrier's phase advances once per fill.
+          plgpu.barrier_wait(seg_ready.at[slot])
+        if masked:
+          kv_seg = None
+          if st.has_segments:
+            kv_seg = plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+          mask = _mask(q_start, j * bkv, kv_len, q_seg, kv_seg, st)
+          s = jnp.where(mask, s, -jnp.inf)
+        return s, c
 
-    def step(j, carry, masked: bool):
-      acc, m_prev, l_prev = carry
-      i = j - lo
-      slot = lax.rem(i, stages)
-      if not early_k_wait:
-        plgpu.barrier_wait(k_ready.at[slot])
+      def step(j, carry, masked: bool):
+        acc, m_prev, l_prev = carry
+        slot = slot_of(j)
+        if not early_k_wait:
+          plgpu.barrier_wait(k_ready.at[slot])
 
-      def wait_next_k():
-        if early_k_wait:
-          @pl.when(j + 1 < hi)
-          def _():
-            plgpu.barrier_wait(k_ready.at[lax.rem(i + 1, stages)])
+        next_slot = slot_of(j + 1)                # (outside the wgmma scope: no constants there)
 
-      def qk(acc_ref):
-        plgpu.wgmma(acc_ref, qo_smem, k_smem.at[slot].transpose((1, 0)))
-        turn_end()                                # let the other consumer issue its matmuls
-        return acc_ref[...]
-      s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
-      plgpu.barrier_arrive(k_free.at[slot])
+        def wait_next_k():
+          if early_k_wait:
+            @pl.when(j + 1 < hi)
+            def _():
+              plgpu.barrier_wait(k_ready.at[next_slot])
 
-      p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, qo_smem.dtype, c)
-      alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
-
-      # Softmax done: wait for V and for our tensor-core turn.
-      turn_begin(lambda: plgpu.barrier_wait(v_ready.at[slot]))
-      if st.registers_pv:
-        def pv(acc_ref):
-          plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
-          # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is
-          # waited on only when the scope closes.
-          wait_next_k()
-        acc = pl.run_state(pv)(plgpu.ACC.init(acc * alpha_o))
-      else:
-        p_smem = p_smem2.at[wg]
-        p_smem[...] = p16
-        plgpu.commit_smem()                       # make the register stores visible to wgmma
-
-        def pv(acc_ref):
-          plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+        def qk(acc_ref):
+          plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+          turn_end()                              # let the other consumer issue its matmuls
           return acc_ref[...]
-        acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
-        wait_next_k()
-      plgpu.barrier_arrive(v_free.at[slot])
-      return acc, m_new, l_new
+        s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
+        plgpu.barrier_arrive(k_free.at[slot])
 
-    if st.overlap:
-      carry = _overlapped_loop(
-          carry, lo=lo, lo_full=lo_full, hi_full=hi_full, hi=hi, logits=logits,
-          schedule_barrier=schedule_barrier, q_smem=qo_smem, k_smem=k_smem, v_smem=v_smem,
-          bars=(k_ready, v_ready, k_free, v_free), st=st)
-    elif st.any_mask:
-      carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
-      carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
-      carry = lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
+        p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c)
+        alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        # Softmax done: wait for V and for our tensor-core turn.
+        turn_begin(lambda: plgpu.barrier_wait(v_ready.at[slot]))
+        if st.registers_pv:
+          def pv(acc_ref):
+            plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+            # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is
+            # waited on only when the scope closes.
+            wait_next_k()
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc * alpha_o))
+        else:
+          p_smem = p_smem2.at[wg]
+          p_smem[...] = p16
+          plgpu.commit_smem()                     # make the register stores visible to wgmma
+
+          def pv(acc_ref):
+            plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+            return acc_ref[...]
+          acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+          wait_next_k()
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc, m_new, l_new
+
+      if st.overlap:
+        carry = overlap.overlapped_loop(
+            carry, lo=lo, lo_full=lo_full, hi_full=hi_full, hi=hi, logits=logits,
+            softmax=_softmax, schedule_barrier=schedule_barrier, q_smem=q_smem, k_smem=k_smem,
+            v_smem=v_smem, bars=(k_ready, v_ready, k_free, v_free), st=st)
+      elif st.any_mask:
+        carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
+        carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
+        carry = lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
+      else:
+        carry = lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
+      acc, m, l = carry
+      if st.persistent:
+        # Every Q K^T of this tile has been waited on: Q's buffer is free for the next tile.
+        pl.when(i + 1 < num_local)(lambda: load_q(i + 1))
+        # The previous tile's O / lse stores must have read their buffers before we refill them.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      # Keep the schedule balanced: consumer 0 takes the turn consumer 1 skipped at the start.
+      pl.when(wg == 0)(last_turn_signal)
+
+      seen = l > 0
+      l_safe = jnp.where(seen, l, 1.0)
+      out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
+      o_smem[...] = out.astype(o_smem.dtype)
+      lse_smem2.at[wg][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(q_start, bq), head])
+      plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
+      return base + (hi - lo)
+
+    if st.persistent:
+      lax.fori_loop(0, num_local, tile_body, jnp.int32(0))
     else:
-      carry = lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
-    acc, m, l = carry
-    # Keep the schedule balanced: consumer 0 takes the turn consumer 1 skipped at the start.
-    pl.when(wg == 0)(last_turn_signal)
-
-    seen = l > 0
-    l_safe = jnp.where(seen, l, 1.0)
-    out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
-    qo_smem[...] = out.astype(qo_smem.dtype)
-    lse_smem2.at[wg][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(qo_smem, o_ref.at[batch, pl.ds(q_start, bq), head])
-    plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
+      tile_body(0, jnp.int32(0))
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
     plgpu.set_max_registers(40, action="decrease")
-    fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
-                       (k_ready, v_ready, seg_ready), batch=batch,
-                       kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
-    produce(num_steps, stages, fetch, (k_free, v_free))
+
+    def fetcher(i):
+      batch, head, tile = coords(i)
+      lo, _, _, hi, _ = ranges(batch, tile)
+      fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
+                         (k_ready, v_ready, seg_ready), batch=batch,
+                         kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
+      return fetch, hi - lo
+
+    if not st.persistent:
+      fetch, num_steps = fetcher(0)
+      produce(num_steps, stages, fetch, (k_free, v_free))
+      return
+
+    def tile_body(i, base):
+      fetch, num_steps = fetcher(i)
+
+      @pl.loop(0, num_steps)
+      def _(j):
+        slot = lax.rem(base + j, stages)
+
+        @pl.when(base + j >= stages)
+        def _():                                  # the slot's previous block was released
+          plgpu.barrier_wait(k_free.at[slot])
+          plgpu.barrier_wait(v_free.at[slot])
+        fetch(j, slot)
+      return base + num_steps
+
+    total = lax.fori_loop(0, num_local, tile_body, jnp.int32(0))
+
+    @pl.loop(jnp.maximum(total - stages, 0), total)
+    def _drain(g):                                # observe the last releases (see ``produce``)
+      plgpu.barrier_wait(k_free.at[lax.rem(g, stages)])
+      plgpu.barrier_wait(v_free.at[lax.rem(g, stages)])
 
 
 def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
@@ -306,92 +381,6 @@ def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
   m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
   p = jnp.exp2(s - m_b if c is None else s * c - m_b)
   return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
-
-
-def _overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, schedule_barrier, q_smem,
-                     k_smem, v_smem, bars, st: Statics):
-  """The consumer's K/V loop with intra-warpgroup overlap (FA3 Section 3.2, Algorithm 2).
-
-  The softmax of block j + 1 runs while the tensor cores still compute P_j V_j: each turn issues
-  S_{j+1} = Q K_{j+1}^T and then O += P_j V_j (two wgmma groups), waits only for the first
-  (``wgmma_wait(1)``), and does the masking and online softmax of S_{j+1} before the second is
-  waited for. P_j stays in registers, so this is the compiled form only (``registers_pv``).
-  The two consumers still take turns on the tensor cores (one ``schedule_barrier`` before and
-  one after each turn's issues, as in the plain loop). Returns (O, m, l) like the plain loop.
-  """
-  k_ready, v_ready, k_free, v_free = bars
-  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
-  dtype = q_smem.dtype
-  acc, m, l = carry
-  wgmma_tile = lambda x, dt: plgpu.layout_cast(jnp.zeros((bq, bkv), dt) + x, plgpu.Layout.WGMMA)
-  # Loop state: O before block j's rescale, m_j, l_j, P_j (registers, wgmma's A operand), alpha_j.
-  state = (acc, m, l, wgmma_tile(0, dtype), l * 0.0)
-  bcast = lambda row, like: lax.broadcast_in_dim(row, like.shape, [0])
-
-  def first(state):                     # block lo: S_lo and its softmax, nothing to multiply yet
-    acc, m, l, _, _ = state
-    schedule_barrier()
-    plgpu.barrier_wait(k_ready.at[0])
-
-    def qk(acc_ref):
-      plgpu.wgmma(acc_ref, q_smem, k_smem.at[0].transpose((1, 0)))
-      schedule_barrier()
-      return acc_ref[...]
-    s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), lo, 0, st.any_mask)
-    plgpu.barrier_arrive(k_free.at[0])
-    p16, alpha, m, l = _softmax(s, m, l, dtype, c)
-    return acc, m, l, p16, alpha
-
-  def step(jn, state, masked: bool):    # issue S_jn and P_{jn-1} V_{jn-1}; softmax of S_jn
-    acc, m, l, p16, alpha = state
-    slot_n, slot_c = lax.rem(jn - lo, stages), lax.rem(jn - 1 - lo, stages)
-    schedule_barrier()                  # our turn on the tensor cores
-    plgpu.barrier_wait(k_ready.at[slot_n])
-    plgpu.barrier_wait(v_ready.at[slot_c])
-
-    def turn(refs):
-      o_ref, s_ref, m_ref, l_ref, p_ref, a_ref = refs
-      plgpu.wgmma(s_ref, q_smem, k_smem.at[slot_n].transpose((1, 0)))
-      plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
-      schedule_barrier()                # the other consumer's turn
-      plgpu.wgmma_wait(1)               # S_jn is done; P V may still run
-      s, c = logits(plgpu.wgmma_accumulator_load(s_ref, wait_n=None), jn, slot_n, masked)
-      plgpu.barrier_arrive(k_free.at[slot_n])
-      p_ref[...], a_ref[...], m_ref[...], l_ref[...] = _softmax(s, m_ref[...], l_ref[...], dtype,
-                                                                c)
-
-    acc, _, m, l, p16, alpha = pl.run_state(turn)(
-        (plgpu.ACC.init(acc * bcast(alpha, acc)), plgpu.ACC.init(wgmma_tile(0, jnp.float32)),
-         m, l, p16, alpha))
-    plgpu.barrier_arrive(v_free.at[slot_c])
-    return acc, m, l, p16, alpha
-
-  def last(state):                      # P_{hi-1} V_{hi-1}
-    acc, m, l, p16, alpha = state
-    slot_c = lax.rem(hi - 1 - lo, stages)
-    schedule_barrier()
-    plgpu.barrier_wait(v_ready.at[slot_c])
-
-    def pv(o_ref):
-      plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
-      schedule_barrier()
-    acc = pl.run_state(pv)(plgpu.ACC.init(acc * bcast(alpha, acc)))
-    plgpu.barrier_arrive(v_free.at[slot_c])
-    return acc, m, l, p16, alpha
-
-  nonempty = hi > lo
-  state = lax.cond(nonempty, first, lambda x: x, state)
-  a = lo + 1
-  if st.any_mask:
-    r1, r2 = jnp.maximum(a, lo_full), jnp.maximum(a, hi_full)
-    state = lax.fori_loop(a, r1, lambda j, c: step(j, c, True), state)
-    state = lax.fori_loop(r1, r2, lambda j, c: step(j, c, False), state)
-    state = lax.fori_loop(r2, hi, lambda j, c: step(j, c, True), state)
-  else:
-    state = lax.fori_loop(a, hi, lambda j, c: step(j, c, False), state)
-  state = lax.cond(nonempty, last, lambda x: x, state)
-  acc, m, l, _, _ = state
-  return acc, m, l
 
 
 def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int):
@@ -434,14 +423,14 @@ def named_barrier(op: str, barrier_id, num_threads: int):
 
 
 def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
-  """``fetch(i)`` for ``produce``: TMA of K/V block ``first + i`` (and its segment ids) into ring
-  slot ``i % num_stages``; ``gmem`` / ``smem`` / ``ready`` are the (K, V, kv segment ids) refs,
+  """``fetch(i[, slot])`` for ``produce``: TMA of K/V block ``first + i`` (and its segment ids)
+  into ring slot ``slot`` (default ``i % num_stages``); ``gmem`` / ``smem`` / ``ready`` are the (K, V, kv segment ids) refs,
   ring buffers and ready barriers (the segment entries are None without segment ids)."""
   (k_ref, v_ref, seg_ref), (k_smem, v_smem, seg_smem), (k_ready, v_ready, seg_ready) = (
       gmem, smem, ready)
 
-  def fetch(i):
-    slot = lax.rem(i, st.num_stages)
+  def fetch(i, slot=None):
+    slot = lax.rem(i, st.num_stages) if slot is None else slot
     keys = pl.ds((first + i) * st.block_kv, st.block_kv)
     plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem.at[slot], k_ready.at[slot])
     plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem.at[slot], v_ready.at[slot])
@@ -475,7 +464,8 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   smem = (
-      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled),       # Q, then O
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled),       # Q (and O)
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled) if st.persistent else None,
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # V ring
       plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),                             # lse
@@ -500,6 +490,8 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
 def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
   """Shared memory of one CTA (the H100/H200 limit is 227 KB)."""
   tiles = COMPUTE_WGS * st.block_q * head_dim + 2 * st.num_stages * st.block_kv * head_dim
+  if st.persistent:
+    tiles += COMPUTE_WGS * st.block_q * head_dim                 # O beside Q
   if not st.registers_pv:
     tiles += COMPUTE_WGS * st.block_q * st.block_kv
   return tiles * itemsize + COMPUTE_WGS * st.block_q * 8 + st.num_stages * st.block_kv * 4 + 1024

@@ -6,6 +6,7 @@ whose dK/dV tiles exceed shared memory (over 128), the Triton FA2 kernels on the
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -22,6 +23,7 @@ from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
 SMEM_LIMIT_BYTES = 227 * 1024
+INTERPRET_CTAS = 3           # persistent launches in interpret mode: several tiles per CTA
 _DTYPES = (jnp.bfloat16, jnp.float16)
 
 
@@ -63,6 +65,14 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
       softcap=softcap, cfg=cfg, head_dim_padded=hp, interpret=interpret)
   out, lse = fn(q, k, v, q_segment_ids, kv_segment_ids, kv_lengths)
   return (out, lse) if return_lse else out
+
+
+def _num_sms(interpret: bool) -> int:
+  """CTAs of a persistent launch: the GPU's SM count (132 on an H200); in interpret mode a
+  few, so that the CPU tests still walk several tiles per CTA."""
+  if interpret:
+    return INTERPRET_CTAS
+  return int(getattr(jax.local_devices()[0], "core_count", 0) or 132)
 
 
 def _on_hopper() -> bool:
@@ -236,6 +246,13 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       registers_pv=not interpret, overlap=cfg.overlap and not interpret,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s)
+  has_meta = st.any_mask and not computed
+  if cfg.persistent and not has_meta and q_seg is None and not st.overlap:
+    num_tiles = b * n * (tq // cta_q)
+    pst = dataclasses.replace(st, persistent=True, num_tiles=num_tiles,
+                              num_ctas=min(num_tiles, _num_sms(interpret)))
+    if kernels.smem_bytes(st=pst, head_dim=hp, itemsize=q.dtype.itemsize) <= SMEM_LIMIT_BYTES:
+      st = pst
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
   if smem > SMEM_LIMIT_BYTES:
     raise NotImplementedError(f"mosaic config needs ~{smem // 1024} KB of shared memory at head "
@@ -245,7 +262,6 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
 
   inputs = [pad(q, tq), pad(k, tk), pad(v, tk)]
-  has_meta = st.any_mask and not computed
   if has_meta:
     kv_len = (jnp.full((b,), s, jnp.int32) if kv_lengths is None
               else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
@@ -270,8 +286,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       out_type=(jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),
                 jax.ShapeDtypeStruct((b, n, tq), jnp.float32)),
       scratch_types=(smem_types, bar_types),
-      grid=(n, tq // cta_q, b),
-      grid_names=("heads", "q_seq", "batch"),
+      grid=(st.num_ctas,) if st.persistent else (n, tq // cta_q, b),
+      grid_names=("sm",) if st.persistent else ("heads", "q_seq", "batch"),
       num_threads=kernels.COMPUTE_WGS + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(
