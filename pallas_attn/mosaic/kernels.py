@@ -251,11 +251,13 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
         if not early_k_wait:
           plgpu.barrier_wait(k_ready.at[slot])
 
-        next_slot = slot_of(j + 1)                # (outside the wgmma scope: no constants there)
+        # Computed outside the wgmma scope: a concrete value (hi is a constant when nothing is
+        # masked) closed over by that scope would reach the lowering as a bare literal.
+        next_slot, has_next = slot_of(j + 1), j + 1 < hi
 
         def wait_next_k():
           if early_k_wait:
-            @pl.when(j + 1 < hi)
+            @pl.when(has_next)
             def _():
               plgpu.barrier_wait(k_ready.at[next_slot])
 

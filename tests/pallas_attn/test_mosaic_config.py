@@ -119,6 +119,17 @@ def test_compiled_backward_lowers_for_sm90(h, kw):
   assert lowered.as_text().count("mosaic_gpu") >= 2             # dQ and dK/dV kernels
 
 
+@pytest.mark.parametrize("h", [64, 128])
+def test_tuned_forward_lowers_without_any_mask(h):
+  """No mask and S a multiple of the K/V block: the block range is a compile-time constant."""
+  q = jax.ShapeDtypeStruct((2, 256, 4, h), jnp.bfloat16)
+  fwd = functools.partial(ops._forward, causal=False, scale=h ** -0.5, window=None, softcap=None,
+                          cfg=dataclasses.replace(default_config(head_dim=h, seq_k=256), **TUNED),
+                          hp=h, interpret=False)
+  text = jax.jit(fwd).trace(q, q, q, None, None, None).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
 def test_tuned_forward_uses_named_barriers_and_no_metadata():
   """The named-barrier ping-pong reaches the PTX, and a causal call with computed ranges passes
   no per-tile metadata array to the kernel (q, k, v only)."""
