@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from quant.matmul import layout as mosaic_layout
+
 _BLOCKS = (16, 32, 64, 128, 256, 512)
 NUM_SMS = 132          # H200
 MIN_DOT = 16           # Triton's smallest dot extent
@@ -168,7 +170,9 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
 # Mosaic GPU (Hopper wgmma) backend: ``quant/matmul/mosaic.py``
 # ----------------------------------------------------------------------------------------------
 
-MOSAIC_BLOCK_K = (128, 256, 512)   # K rows per pipeline step = 8 planes of block_k / 8 columns
+# K rows per pipeline step = MOSAIC_PLANES planes of block_k / 4 columns (layout.prepare_mosaic)
+MOSAIC_BLOCK_K = mosaic_layout.BLOCK_K
+MOSAIC_PLANES = mosaic_layout.PLANES
 MOSAIC_MAX_M = 64                  # beyond this the decode kernel is the wrong tool (falls back)
 SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
 
@@ -180,12 +184,12 @@ class MosaicConfig:
   A CTA owns ``block_n`` output features, 64 per warpgroup (wgmma's M side; the warpgroups share
   one copy of x's slice, so x is read from L2 once per ``block_n`` features), and one of
   ``split_k`` contiguous slices of K, which it walks ``block_k`` rows per step through a ring of
-  ``num_stages`` SMEM buffers filled by TMA. ``block_k / 8`` is also the width of one wgmma
-  operand (one nibble plane), so it fixes the swizzle (16 -> 32 B, 32 -> 64 B, 64 -> 128 B) and
-  the planar weight layout (``layout.prepare_mosaic(qw, block_k=...)``). ``registers_a``: the
-  dequantized planes are wgmma's A operand straight from registers (compiled only; the Mosaic
-  interpreter cannot run register operands, so interpret mode stages them through SMEM, as does
-  ``registers_a=False``).
+  ``num_stages`` SMEM buffers filled by TMA. ``block_k / 4`` is also the width of one wgmma
+  operand (one nibble plane), so it fixes the swizzle (16 -> 32 B, 32 -> 64 B, 64 and 128 ->
+  128 B) and the planar weight layout (``layout.prepare_mosaic(qw, block_k=...)``).
+  ``registers_a``: the dequantized planes are wgmma's A operand straight from registers
+  (compiled only; the Mosaic interpreter cannot run register operands, so interpret mode stages
+  them through SMEM, as does ``registers_a=False``).
   """
   block_n: int = 128
   block_k: int = 512
@@ -213,11 +217,15 @@ def mosaic_m_pad(m: int) -> int:
 
 
 def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
-  """Shared memory of one CTA: the TMA ring, two dequantized planes and the output tile."""
-  span, mp, bn = cfg.block_k // 8, mosaic_m_pad(m), cfg.block_n
-  # Scale rows: at most 8 groups per step, float32 scales at worst; bf16 zero points.
-  per_stage = bn * span * 4 + 8 * mp * span * 2 + 8 * bn * (4 + (2 if asym else 0))
-  return cfg.num_stages * per_stage + 2 * bn * span * 2 + bn * mp * 4 + 1024
+  """Shared memory of one CTA: the TMA ring, the output tile and, when the dequantized planes
+  are staged through SMEM (``registers_a=False``), two of them."""
+  span2, mp, bn = cfg.block_k // MOSAIC_PLANES, mosaic_m_pad(m), cfg.block_n
+  # int16 weight tile, the planes of x, scale rows (at most one group per plane, float32 scales
+  # at worst) and bf16 zero points.
+  per_stage = (bn * span2 * 2 + MOSAIC_PLANES * mp * span2 * 2
+               + MOSAIC_PLANES * bn * (4 + (2 if asym else 0)))
+  planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
+  return cfg.num_stages * per_stage + planes + bn * mp * 4 + 1024
 
 
 def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
@@ -226,11 +234,11 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
   if m > MOSAIC_MAX_M:
     raise NotImplementedError(f"mosaic int4_matmul is a decode kernel (M <= {MOSAIC_MAX_M}); "
                               f"M={m} needs a compute-bound path")
-  bk, span = cfg.block_k, cfg.block_k // 8
+  bk, span2 = cfg.block_k, cfg.block_k // MOSAIC_PLANES
   per_channel = group_size >= k
-  if not per_channel and (group_size % span or (group_size % bk and bk % group_size)):
+  if not mosaic_layout.mosaic_tiles_groups(bk, k, group_size):
     raise NotImplementedError(f"block_k={bk} cannot tile groups of {group_size} rows (planes of "
-                              f"{span} rows must lie in one group)")
+                              f"{span2} rows must lie in one group)")
   unit = bk if per_channel else max(bk, group_size)
   kp = -(-k // unit) * unit
   if kp % cfg.split_k or (kp // cfg.split_k) % unit:
@@ -265,17 +273,18 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   """Heuristic MosaicConfig: widest plane the groups allow, two warpgroups sharing x, a 3-deep
   ring, K split for the SMs. (A guess until it is timed on an H200: see benchmarks/w4a16.py.)
 
-  block_k = 512 (128-byte swizzle, 16 KiB of int4 per 64 features per step) unless the groups
-  are shorter than a plane of 64 rows. block_n = 128 halves the L2 -> SMEM traffic of x (for
-  M <= 8, x padded to 8 rows is half the weight's bytes per 64 features). Decode streams the
-  weight once, so the grid should hold about two warpgroups per SM: ``split_k`` doubles while
-  there are fewer than ``2 * num_sms`` 64-feature tiles and each split keeps at least 1024 rows
-  of K (partial sums are reduced by XLA).
+  block_k = 512 (planes of 128 rows, 128-byte swizzle, 16 KiB of int4 per 64 features per
+  step) unless the groups are shorter than a plane (groups of 64: 256, 32: 128, 16: 64).
+  block_n = 128 halves the L2 -> SMEM traffic of x (for M <= 8, x padded to 8 rows is half the
+  weight's bytes per 64 features). Decode streams the weight once, so the grid should hold about
+  two warpgroups per SM: ``split_k`` doubles while there are fewer than ``2 * num_sms``
+  64-feature tiles and each split keeps at least 1024 rows of K (partial sums are reduced by
+  XLA).
   """
   per_channel = group_size >= k
-  bk = 512
+  bk = MOSAIC_BLOCK_K[-1]
   if not per_channel:
-    while bk > 128 and (group_size % (bk // 8) or (group_size % bk and bk % group_size)):
+    while bk > MOSAIC_BLOCK_K[0] and not mosaic_layout.mosaic_tiles_groups(bk, k, group_size):
       bk //= 2
   # M <= 8 (x is one 8-row wgmma N tile): 64 features and a 4-deep ring per CTA measured 4-10%
   # faster than 128 features and 3 stages on the H200 (benchmarks/results/w4a16/); at M = 16

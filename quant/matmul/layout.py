@@ -74,8 +74,9 @@ def check_packed(pw: Any) -> None:
 # Planar layout of the Mosaic GPU (Hopper wgmma) kernel
 # ----------------------------------------------------------------------------------------------
 
-PLANES = 8          # nibbles per int32 word: one "plane" of K columns each
+PLANES = 4          # nibbles per int16 element: one "plane" of K columns each, per block
 TILE_N = 64         # rows of N per warpgroup tile (wgmma's M side); N is padded to it
+BLOCK_K = (64, 128, 256, 512)   # K rows per block (per kernel step) the layout is built for
 
 
 @jax.tree_util.register_dataclass
@@ -84,20 +85,25 @@ class MosaicWeight:
   """4-bit weight in the planar, transposed layout read by ``quant.matmul.mosaic``.
 
   The kernel computes ``y^T = W^T x^T``, so the weight tile is wgmma's A operand: rows of N,
-  K contiguous. With ``span = block_k / 8``, K is cut into blocks of ``block_k`` rows, and in
-  block ``b`` word ``(n, b*span + j)`` holds, in nibble ``i``, the code of stored row
-  ``b*block_k + i*span + j``. Unpacking nibble ``i`` of a ``[64, span]`` word tile therefore gives
-  ``span`` *contiguous* K columns (a whole wgmma operand) with shifts and masks only, no
-  in-register interleave or transpose.
+  K contiguous. K is cut into blocks of ``block_k`` rows; with ``span2 = block_k / 4``, int16
+  element ``(n, b*span2 + c)`` of block ``b`` holds, in nibble ``p`` (bits ``4p .. 4p+3``), the
+  code of stored row ``b*block_k + p*span2 + c``. Unpacking nibble ``p`` of a ``[64, span2]``
+  tile therefore gives ``span2`` *contiguous* K columns (a whole wgmma operand) with shifts and
+  masks only, no in-register interleave or transpose.
 
-  Fields: ``qweight`` int32 ``[Np, Kp/8]``; ``scales`` ``[Gp, Np]`` (dtype of the source);
-  ``zeros`` ``[Gp, Np]`` bfloat16 (small integers, exact) or None when symmetric; ``perm`` as in
-  ``QuantizedWeight``. ``Np`` is N rounded up to 64 and ``Kp`` is K rounded up to whole blocks
-  (and groups); padded codes are 0 and padded scales are 0 (padded x columns are 0 as well).
-  ``Gp`` is ``Kp / group_size``, or 1 per-channel. Static: ``bits``, ``group_size`` (K when
-  per-channel), ``sym``, ``shape = (K, N)``, ``block_k``.
+  Why 16-bit elements: wgmma's register A operand (bf16/f16) holds columns ``2u`` and ``2u+1`` of
+  a row in one 32-bit register, and an int16 ``[64, span2]`` tile loaded in the same layout puts
+  elements ``2u`` and ``2u+1`` in one 32-bit register too (low and high half). One 32-bit shift
+  and one and/or then make both 16-bit operands of that register at once (see the kernel).
+
+  Fields: ``qweight`` int16 ``[Np, Kp/4]`` (the same bytes as int4 codes); ``scales``
+  ``[Gp, Np]`` (dtype of the source); ``zeros`` ``[Gp, Np]`` bfloat16 (small integers, exact) or
+  None when symmetric; ``perm`` as in ``QuantizedWeight``. ``Np`` is N rounded up to 64 and
+  ``Kp`` is K rounded up to whole blocks (and groups); padded codes are 0 and padded scales are 0
+  (padded x columns are 0 as well). ``Gp`` is ``Kp / group_size``, or 1 per-channel. Static:
+  ``bits``, ``group_size`` (K when per-channel), ``sym``, ``shape = (K, N)``, ``block_k``.
   """
-  qweight: Int[Array, "Np Kp8"]
+  qweight: Int[Array, "Np Kp4"]
   scales: Float[Array, "Gp Np"]
   zeros: Float[Array, "Gp Np"] | None
   perm: Int[Array, "K"] | None
@@ -128,11 +134,19 @@ def mosaic_padded_k(k: int, group_size: int, block_k: int) -> int:
   return _round_up(k, unit)
 
 
+def mosaic_tiles_groups(block_k: int, k: int, group_size: int) -> bool:
+  """Whether planes of ``block_k / 4`` rows lie in one group each and blocks and groups nest."""
+  span2 = block_k // PLANES
+  if group_size >= k:
+    return True
+  return not (group_size % span2 or (group_size % block_k and block_k % group_size))
+
+
 def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int = 512) -> MosaicWeight:
   """``QuantizedWeight`` -> ``MosaicWeight`` (planar, transposed, padded). Exact; jit-compatible.
 
   Raises NotImplementedError for codes wider than 4 bits (one nibble per code is assumed) or a
-  ``block_k`` whose planes would straddle a group (``group_size % (block_k / 8)``, or neither of
+  ``block_k`` whose planes would straddle a group (``group_size % (block_k / 4)``, or neither of
   block_k and group_size dividing the other).
 
   Example:
@@ -144,20 +158,33 @@ def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int = 512) -> Mosaic
     raise NotImplementedError(f"the Mosaic layout holds codes of <= 4 bits, got {qw.bits}")
   k, n = qw.shape
   gs = qw.group_size
-  if block_k not in (128, 256, 512):
-    raise NotImplementedError(f"block_k must be 128, 256 or 512, got {block_k}")
-  span = block_k // PLANES
-  if gs < k and (gs % span or (gs % block_k and block_k % gs)):
+  if block_k not in BLOCK_K:
+    raise NotImplementedError(f"block_k must be one of {BLOCK_K}, got {block_k}")
+  span2 = block_k // PLANES
+  if not mosaic_tiles_groups(block_k, k, gs):
     raise NotImplementedError(f"block_k={block_k} cannot tile groups of {gs} rows (planes of "
-                              f"{span} rows must lie in one group)")
+                              f"{span2} rows must lie in one group)")
   kp, np_ = mosaic_padded_k(k, gs, block_k), _round_up(n, TILE_N)
   codes = jnp.pad(qw.codes, ((0, kp - k), (0, np_ - n)))                  # [Kp, Np] stored order
-  fields = codes.astype(jnp.uint32).reshape(kp // block_k, PLANES, span, np_)
-  fields = jnp.transpose(fields, (3, 0, 2, 1))                             # [Np, blocks, span, 8]
-  words = formats._to_uint32_words(fields, 4).reshape(np_, kp // PLANES)  # pylint: disable=protected-access
+  fields = codes.astype(jnp.uint16).reshape(kp // block_k, PLANES, span2, np_)
+  fields = jnp.transpose(fields, (3, 0, 2, 1))                     # [Np, blocks, span2, planes]
+  shifts = jnp.arange(PLANES, dtype=jnp.uint16) * 4
+  packed = jnp.sum(fields << shifts, axis=-1, dtype=jnp.uint16)   # disjoint bits: sum == or
+  elems = jax.lax.bitcast_convert_type(packed, jnp.int16).reshape(np_, kp // PLANES)
   gp = 1 if gs >= k else kp // gs
   pad_g = ((0, gp - qw.scales.shape[0]), (0, np_ - n))
   scales = jnp.pad(qw.scales, pad_g)
   zeros = None if qw.zeros is None else jnp.pad(qw.zeros, pad_g).astype(jnp.bfloat16)
-  return MosaicWeight(qweight=words, scales=scales, zeros=zeros, perm=qw.perm, bits=qw.bits,
+  return MosaicWeight(qweight=elems, scales=scales, zeros=zeros, perm=qw.perm, bits=qw.bits,
                       group_size=min(gs, k), sym=qw.sym, shape=(k, n), block_k=block_k)
+
+
+def unpack_mosaic(qweight: Int[Array, "Np Kp4"], block_k: int) -> Int[Array, "Np Kp"]:
+  """Inverse of ``prepare_mosaic``'s packing: int16 ``[Np, Kp/4]`` -> int32 codes ``[Np, Kp]``
+  (``W^T`` in stored row order, padding included)."""
+  np_, kp = qweight.shape[0], qweight.shape[1] * PLANES
+  u = jax.lax.bitcast_convert_type(qweight, jnp.uint16)
+  shifts = jnp.arange(PLANES, dtype=jnp.uint16) * 4
+  fields = (u[..., None] >> shifts) & jnp.uint16(0xF)                 # [Np, Kp/4, planes]
+  fields = fields.reshape(np_, kp // block_k, block_k // PLANES, PLANES).transpose(0, 1, 3, 2)
+  return fields.reshape(np_, kp).astype(jnp.int32)

@@ -18,14 +18,17 @@ Data flow of one CTA (grid ``(N/block_n, split_k)``; ``block_n / 64`` warpgroups
 64 output features and sharing the x slice), step ``t`` of its K slice:
 
 * TMA (``copy_gmem_to_smem`` issued by warpgroup 0, one ``ready`` barrier per ring slot, one
-  arrival per copy) brings a ``[64, block_k/8]`` tile of packed words per warpgroup, the
-  ``[8, m_pad, block_k/8]`` slice of x and the
-  scale / zero rows of step ``t + num_stages - 1`` into a ring of ``num_stages`` SMEM slots;
-* the warpgroup loads the word tile to registers once, and for each nibble ``i`` (a "plane" of
-  ``block_k/8`` contiguous K columns, thanks to ``layout.MosaicWeight``'s planar packing) forms
-  ``q - z`` as ``(B + q) - (B + z)`` (a shift, a mask, an OR into the mantissa of the 16-bit
-  magic number B, and one 16-bit subtract: no int -> float conversion), stores it into one of
-  two swizzled SMEM planes, ``commit_smem``, and issues ``wgmma(acc, plane, x_plane^T)``;
+  arrival per copy) brings a swizzled ``[64, block_k/4]`` int16 tile of packed codes per
+  warpgroup, the ``[4, m_pad, block_k/4]`` slice of x and the scale / zero rows of step
+  ``t + num_stages - 1`` into a ring of ``num_stages`` SMEM slots;
+* the warpgroup loads the code tile to registers once (wgmma's operand layout), and for each
+  nibble ``p`` (a "plane" of ``block_k/4`` contiguous K columns, thanks to
+  ``layout.MosaicWeight``'s planar packing) forms ``q - z`` as ``(B + q) - (B + z)``: a shift,
+  a mask and an OR into the mantissa of the 16-bit magic number B, then one 16-bit subtract (no
+  int -> float conversion). Compiled, the three bit operations run on whole 32-bit registers,
+  each holding two int16 elements = two operands of the wgmma register A fragment
+  (``_paired_codes``); the plane feeds ``wgmma(acc, plane, x_plane^T)`` from registers (or, with
+  ``registers_a=False`` and in interpret mode, through one of two swizzled SMEM planes);
 * one ``plgpu.ACC`` accumulator per group (or per step when a group spans several steps, then
   summed in registers), scaled once it is complete.
 
@@ -37,7 +40,7 @@ come out in float32; XLA adds the splits and the bias, transposes and casts (for
 stored row order (``x[..., perm]``); the kernel never sees ``g_idx``.
 
 Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 64, codes
-wider than 4 bits, groups the planes cannot tile (a plane of block_k/8 rows must lie in one
+wider than 4 bits, groups the planes cannot tile (a plane of block_k/4 rows must lie in one
 group and block_k and the group must divide one another, e.g. groups of 8 or 96), a config
 whose ring does not fit in SMEM, a non-Hopper device without ``interpret=True``, or a compiled
 call (``interpret=False``) on a plain ``QuantizedWeight``: repacking it into the planar layout
@@ -57,9 +60,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith
 from jaxtyping import Array, Float
 
 from quant import formats
@@ -80,7 +87,7 @@ class Statics:
   """Everything static about one kernel launch (hashable)."""
   m_pad: int            # activation rows (wgmma N), multiple of 8
   steps: int            # block_k steps per split
-  block_k: int          # K rows per step (8 planes)
+  block_k: int          # K rows per step (PLANES planes)
   seg: int              # K rows sharing one scale inside a split (group, or the split)
   stages: int
   wgs: int              # consumer warpgroups per CTA (block_n / 64)
@@ -90,9 +97,12 @@ class Statics:
   magic_bits: int       # 16-bit pattern of B (bf16 0x4300 = 128, f16 0x6400 = 1024)
   magic: float          # B
   registers_a: bool = False   # dequantized planes feed wgmma from registers (compiled only)
+  paired: bool = False        # dequantize two codes per 32-bit op with inline Mosaic GPU code
+                              # (compiled only: the interpreter cannot run inline_mgpu)
 
   @property
-  def span(self) -> int:
+  def span2(self) -> int:
+    """K columns of one plane (int16 elements of a step's code tile per row)."""
     return self.block_k // PLANES
 
   @property
@@ -114,9 +124,55 @@ class Statics:
     return self.seg // self.block_k if self.long_groups else 1
 
 
-def _tiled(span: int) -> tuple:
-  """SMEM transforms of a 16-bit wgmma operand whose minor dimension is ``span`` elements."""
-  return (plgpu.TilingTransform((8, span)), plgpu.SwizzleTransform(2 * span))
+def _tiled(span2: int) -> tuple:
+  """SMEM transforms of a 16-bit array whose minor dimension is ``span2`` elements: tiles of at
+  most 64 elements (128 bytes, the widest swizzle; a 128-element plane is two tiles)."""
+  return (plgpu.TilingTransform((8, min(span2, 64))), plgpu.SwizzleTransform(min(2 * span2, 128)))
+
+
+def _paired_codes(codes, p: int, st: Statics):
+  """``B + q`` of plane ``p`` from the int16 code tile ``[64, span2]`` (WGMMA layout), compiled.
+
+  In the WGMMA layout each 32-bit register of a 16-bit ``[64, span2]`` array holds columns
+  ``2u`` (low half) and ``2u + 1`` (high half) of one row, both for the int16 codes and for the
+  bf16/f16 operand, so one 32-bit ``((r >> 4p) & 0x000F000F) | (B_bits * 0x10001)`` makes the
+  two operands of that register at once. That is one shift and one lop3 (ptxas fuses the and/or)
+  per two weights, where the int32-word layout needed a shift, an and/or and an int32 -> int16
+  pack per weight (~3 integer ops per weight): now 1 integer op per weight plus one packed
+  bf16x2 subtract of ``B + z`` per two weights (~1.5 ops per weight). Pallas cannot express the
+  32-bit view of a 16-bit register pair, hence the few lines of Mosaic GPU.
+  """
+  shape = (BN, st.span2)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                     return_type=plgpu.ShapeDtypeStruct(shape, st.dtype,
+                                                        layout=plgpu.Layout.WGMMA))
+  def dequant(_, tile):
+    i32 = ir.IntegerType.get_signless(32)
+    pair_ty = ir.VectorType.get((2,), mgpu.utils.dtype_to_ir_type(st.dtype))
+    mask = mgpu.utils.c(0x000F000F, i32)
+    magic = mgpu.utils.c(st.magic_bits * 0x10001, i32)      # B in both halves
+    shift = mgpu.utils.c(4 * p, i32)
+    regs = np.empty_like(tile.registers)
+    for idx, reg in np.ndenumerate(tile.registers):         # reg: vector<2xi16>
+      word = mgpu.utils.bitcast(reg, i32)
+      if p:
+        word = arith.shrui(word, shift)
+      word = arith.ori(arith.andi(word, mask), magic)
+      regs[idx] = mgpu.utils.bitcast(word, pair_ty)
+    return mgpu.FragmentedArray(_registers=regs, _layout=tile.layout, _is_signed=None)
+
+  return dequant(codes)
+
+
+def _codes(codes, p: int, st: Statics):
+  """``B + q`` of plane ``p`` in the operand dtype: ``_paired_codes`` compiled; the same bits
+  with plain lax ops in interpret mode (16-bit, logical shift)."""
+  if st.paired:
+    return _paired_codes(codes, p, st)
+  bits = (lax.shift_right_logical(codes, jnp.int16(4 * p)) & jnp.int16(0xF)) | jnp.int16(
+      st.magic_bits)
+  return lax.bitcast_convert_type(bits, st.dtype)
 
 
 def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
@@ -127,13 +183,14 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
   issues every TMA; with several warpgroups a slot is refilled only after all of them arrived
   on its ``free`` barrier.
 
-  Refs (GMEM): xt ``[Kp/span, m_pad, span]`` (x in planes), qt int32 ``[Np, Kp/8]`` (planar
-  words), s ``[Gp, Np]``, z ``[Gp, Np]`` bf16 or None, o float32 ``[split_k, Np, m_pad]``.
-  Scratch: the TMA ring (words, x, scales, zeros), two dequantized planes and an output tile per
-  warpgroup, and the ``ready`` / ``free`` barriers of each ring slot.
+  Refs (GMEM): xt ``[Kp/span2, m_pad, span2]`` (x in planes), qt int16 ``[Np, Kp/4]`` (planar
+  codes, ``layout.MosaicWeight``), s ``[Gp, Np]``, z ``[Gp, Np]`` bf16 or None, o float32
+  ``[split_k, Np, m_pad]``. Scratch: the TMA ring (codes, x, scales, zeros), two dequantized
+  planes (``registers_a=False`` only) and an output tile per warpgroup, and the ``ready`` /
+  ``free`` barriers of each ring slot.
   """
   w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free = scratch
-  span, stages, gps, wgs = st.span, st.stages, st.groups_per_step, st.wgs
+  span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg = lax.axis_index("wg")
   planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
   n0 = lax.axis_index("n") * (BN * wgs)
@@ -154,7 +211,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
       g0 = 0                                       # per-channel: one row for all of K
     for w in range(wgs):
       rows = pl.ds(n0 + w * BN, BN)
-      plgpu.copy_gmem_to_smem(qt_ref.at[rows, pl.ds(gt * span, span)], w_ring.at[slot, w], bar)
+      plgpu.copy_gmem_to_smem(qt_ref.at[rows, pl.ds(gt * span2, span2)], w_ring.at[slot, w],
+                              bar)
       plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), rows], s_ring.at[slot, w], bar)
       if not st.sym:
         plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), rows], z_ring.at[slot, w], bar)
@@ -173,7 +231,9 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
 
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
-    words = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)  # int32 [64, span]
+    # int16 [64, span2] in wgmma's operand layout: one 32-bit register = columns 2u and 2u + 1.
+    # The ring is swizzled like an operand, so this load is free of bank conflicts.
+    codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
     planes_per_group = PLANES // gps
 
     def zero_of(g):
@@ -181,7 +241,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
       if st.sym:
         return jnp.asarray(st.magic + st.zero, st.dtype)
       zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
-      return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span), [0])
+      return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span2), [0])
 
     def mma(*acc_refs, groups, zeros):
       """All planes of ``groups``, group i into ``acc_refs[i]``; one wait for the lot."""
@@ -190,12 +250,11 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
           p = g * planes_per_group + j
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
           # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q.
-          codes = (lax.shift_right_logical(words, jnp.int32(4 * p)) & 0xF) | st.magic_bits
-          vals = lax.bitcast_convert_type(codes.astype(jnp.int16), st.dtype) - zero
+          vals = _codes(codes, p, st) - zero
           if st.registers_a:
-            # The plane is already in wgmma's register-operand layout (``words`` was loaded as
+            # The plane is already in wgmma's register-operand layout (``codes`` was loaded as
             # WGMMA): no SMEM round trip, which would cost 4 bytes of SMEM traffic per weight
-            # (store + wgmma read) against 0.5 for the packed word. No wait per plane either:
+            # (store + wgmma read) against 0.5 for the packed codes. No wait per plane either:
             # the planes are separate registers, so all of a step's wgmmas can be in flight.
             plgpu.wgmma(acc_refs[i], vals, x_ring.at[slot, p].transpose((1, 0)))
             continue
@@ -266,15 +325,16 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
 def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool):
   """``plgpu.kernel`` wrapper: grid, scratch and the float32 partials ``[split_k, Np, m_pad]``."""
   np_ = qt.shape[0]
-  span, stages, gps, wgs = st.span, st.stages, st.groups_per_step, st.wgs
+  span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   copies = 1 + wgs * (2 if st.sym else 3)          # TMA copies (barrier arrivals) per step
+  tiled = _tiled(span2)
   scratch = (
-      plgpu.SMEM((stages, wgs, BN, span), jnp.int32),                             # words
-      plgpu.SMEM((stages, PLANES, st.m_pad, span), st.dtype, transforms=_tiled(span)),  # x
+      plgpu.SMEM((stages, wgs, BN, span2), jnp.int16, transforms=tiled),          # codes
+      plgpu.SMEM((stages, PLANES, st.m_pad, span2), st.dtype, transforms=tiled),  # x
       plgpu.SMEM((stages, wgs, gps, BN), scales.dtype),                           # scales
       None if st.sym else plgpu.SMEM((stages, wgs, gps, BN), zeros.dtype),        # zeros
-      None if st.registers_a else plgpu.SMEM((wgs, 2, BN, span), st.dtype,
-                                             transforms=_tiled(span)),  # q - z planes
+      None if st.registers_a else plgpu.SMEM((wgs, 2, BN, span2), st.dtype,
+                                             transforms=tiled),                   # q - z planes
       plgpu.SMEM((wgs, BN, st.m_pad), jnp.float32),                               # output tiles
       plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
       plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
@@ -319,8 +379,8 @@ def check_supported(x, qw) -> None:
 def _check_direct_call(x, mw: layout.MosaicWeight, bias) -> None:
   """Shape checks for a MosaicWeight (the public API only takes QuantizedWeight)."""
   k, n = mw.shape
-  if mw.qweight.dtype != jnp.int32:
-    raise TypeError(f"MosaicWeight qweight must be int32 words, got {mw.qweight.dtype}")
+  if mw.qweight.dtype != jnp.int16:
+    raise TypeError(f"MosaicWeight qweight must be int16 (planar codes), got {mw.qweight.dtype}")
   kp = layout.mosaic_padded_k(k, mw.group_size, mw.block_k)
   np_ = -(-n // BN) * BN
   if mw.qweight.shape != (np_, kp // PLANES):
@@ -437,13 +497,10 @@ def _fused_fwd(x, qweight, scales, zeros, bias, static: _Static):
 
 
 def _fused_bwd(static: _Static, res, dy):
-  """dx = dy @ W^T with W unpacked from the planar words by XLA (no gradient for the weight)."""
+  """dx = dy @ W^T with W unpacked from the planar codes by XLA (no gradient for the weight)."""
   qweight, scales, zeros, bias = res
-  np_, kp = qweight.shape[0], qweight.shape[1] * PLANES
-  bk = static.cfg.block_k
-  fields = formats._from_words(qweight, 4)      # pylint: disable=protected-access
-  codes = fields.reshape(np_, kp // bk, bk // PLANES, PLANES).transpose(0, 1, 3, 2)
-  codes = codes.reshape(np_, kp).astype(jnp.float32)                  # W^T codes, stored order
+  kp = qweight.shape[1] * PLANES
+  codes = layout.unpack_mosaic(qweight, static.cfg.block_k).astype(jnp.float32)  # W^T, stored
   rows = jnp.arange(kp) // static.group_size if scales.shape[0] > 1 else jnp.zeros(kp, jnp.int32)
   z = (jnp.float32(2 ** (static.bits - 1)) if zeros is None
        else zeros.astype(jnp.float32).T[:, rows])
@@ -462,7 +519,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   cfg = static.cfg
   m, k = x.shape
   kp = qweight.shape[1] * PLANES
-  span, m_pad = cfg.block_k // PLANES, mosaic_m_pad(m)
+  span2, m_pad = cfg.block_k // PLANES, mosaic_m_pad(m)
   ks = kp // cfg.split_k
   per_channel = static.group_size >= static.k
   st = Statics(m_pad=m_pad, steps=ks // cfg.block_k, block_k=cfg.block_k,
@@ -470,11 +527,12 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                stages=cfg.num_stages, wgs=cfg.block_n // BN, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
                dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
                magic=_MAGIC[jnp.dtype(x.dtype)][1],
-               registers_a=not static.interpret and cfg.registers_a)
-  # x in planes: xt[c, m, :] holds x's columns [c*span, (c+1)*span); zero padding is harmless
+               registers_a=not static.interpret and cfg.registers_a,
+               paired=not static.interpret)
+  # x in planes: xt[c, m, :] holds x's columns [c*span2, (c+1)*span2); zero padding is harmless
   # (padded weight codes and scales are 0 as well).
   xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))
-  xt = xp.reshape(m_pad, kp // span, span).transpose(1, 0, 2)
+  xt = xp.reshape(m_pad, kp // span2, span2).transpose(1, 0, 2)
   parts = _launch(xt, qweight, scales, zeros, st=st, split_k=cfg.split_k,
                   interpret=static.interpret)
   y = jnp.sum(parts, axis=0)[:static.n, :m].T                     # [m, n] float32

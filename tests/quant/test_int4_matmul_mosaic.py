@@ -8,6 +8,7 @@ relative error < 1e-3 against the float32 reference rounded to x's dtype, and th
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,7 @@ def _cfg(block_k, split_k=1, num_stages=3, block_n=64):
 CASES = [
     (1, 512, 128, 128, False, False, BF16, False, None),
     (2, 512, 192, 64, True, False, F16, True, None),
-    (3, 256, 129, 32, False, True, BF16, True, None),                  # 8 groups per step
+    (3, 256, 129, 32, False, True, BF16, True, None),                  # 4 groups per step
     (8, 264, 70, -1, False, False, BF16, False, None),                 # per-channel, K padded
     (16, 1024, 128, 128, False, True, F16, False, _cfg(256, split_k=2)),   # 2 steps per group
     (31, 512, 200, 64, True, False, BF16, True, _cfg(128, num_stages=2)),  # 2 groups per step
@@ -48,7 +49,8 @@ CASES = [
     (8, 512, 128, 128, False, True, BF16, True, _cfg(512, num_stages=2, block_n=128)),
     (2, 2048, 64, -1, True, False, BF16, True, _cfg(512, split_k=2, num_stages=2)),
     (1, 1024, 64, 512, False, False, F16, False, _cfg(256, split_k=2, num_stages=4)),
-    (3, 256, 64, 16, False, False, BF16, True, None),                  # groups of 16: 32 B swizzle
+    (3, 256, 64, 16, False, False, BF16, True, None),          # groups of 16: block_k 64, 32 B
+    (4, 1024, 64, 256, False, False, BF16, True, _cfg(512, num_stages=2)),  # planes of 2 tiles
 ]
 
 
@@ -81,17 +83,44 @@ def test_prepared_weight_batch_dims_and_jit():
 
 
 def test_planar_layout_round_trip():
-  """Nibble i of word (n, b*span + j) is the code of stored row b*block_k + i*span + j."""
+  """Nibble p of int16 element (n, b*span2 + c) is the code of stored row
+  b*block_k + p*span2 + c (span2 = block_k / 4)."""
   qw = _weight(384, 70, group_size=128, sym=False, act_order=False, seed=1)
   mw = layout.prepare_mosaic(qw, block_k=256)
-  assert mw.qweight.shape == (128, 512 // 8) and mw.scales.shape == (4, 128)
+  assert mw.qweight.dtype == jnp.int16
+  assert mw.qweight.shape == (128, 512 // 4) and mw.scales.shape == (4, 128)
   assert mw.zeros.dtype == jnp.bfloat16 and mw.padded_shape == (512, 128)
-  words = np.asarray(mw.qweight).view(np.uint32)
-  nib = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF      # [Np, Kp/8, 8]
-  codes_t = nib.reshape(128, 2, 32, 8).transpose(0, 1, 3, 2).reshape(128, 512)
+  elems = np.asarray(mw.qweight).view(np.uint16)
+  nib = (elems[:, :, None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF      # [Np, Kp/4, 4]
+  codes_t = nib.reshape(128, 2, 64, 4).transpose(0, 1, 3, 2).reshape(128, 512)
   np.testing.assert_array_equal(codes_t[:70, :384].T, np.asarray(qw.codes))
   assert not codes_t[70:].any() and not codes_t[:, 384:].any()
   np.testing.assert_array_equal(np.asarray(mw.scales[3]), 0)            # padded group
+  np.testing.assert_array_equal(np.asarray(layout.unpack_mosaic(mw.qweight, 256)), codes_t)
+
+
+@pytest.mark.parametrize("block_k", [64, 128, 256, 512])
+def test_paired_packing_matches_definition(block_k):
+  """Element by element: int16 (n, t*span2 + c) = sum_p code[t*block_k + p*span2 + c, n] << 4p,
+  and the int32 view of elements (2u, 2u+1) is the register the kernel dequantizes with one
+  32-bit shift + mask: both halves give plane p's codes of columns 2u and 2u + 1."""
+  k, n = 1024, 70
+  qw = _weight(k, n, group_size=-1, sym=False, act_order=False, seed=block_k)
+  codes = np.asarray(qw.codes)                                        # [K, N] stored order
+  q = np.asarray(layout.prepare_mosaic(qw, block_k=block_k).qweight).view(np.uint16)
+  span2 = block_k // 4
+  rng = np.random.default_rng(0)
+  for nn, col in zip(rng.integers(0, n, 64), rng.integers(0, k // 4, 64)):
+    t, c = divmod(int(col), span2)
+    want = sum(int(codes[t * block_k + p * span2 + c, nn]) << (4 * p) for p in range(4))
+    assert int(q[nn, col]) == want, (nn, col)
+  words = q.view(np.uint32)                                           # [Np, Kp/8] little-endian
+  for p in range(4):
+    pair = (words >> np.uint32(4 * p)) & np.uint32(0x000F000F)
+    lo, hi = pair & 0xFFFF, pair >> 16
+    rows = (np.arange(k // 4) // span2) * block_k + p * span2 + np.arange(k // 4) % span2
+    np.testing.assert_array_equal(lo[:n], codes[rows[0::2]].T)
+    np.testing.assert_array_equal(hi[:n], codes[rows[1::2]].T)
 
 
 def test_gradient_wrt_x_and_bias():
@@ -122,7 +151,7 @@ def test_three_bit_codes():
 # MosaicConfig and heuristic
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [("block_n", 96), ("block_n", 512), ("block_k", 64),
+@pytest.mark.parametrize("field,value", [("block_n", 96), ("block_n", 512), ("block_k", 32),
                                          ("block_k", 1024),
                                          ("num_stages", 1), ("num_stages", 9), ("split_k", 0),
                                          ("split_k", 1.5)])
@@ -148,8 +177,10 @@ def test_default_config_is_valid(group_size):
       assert cfg == default_mosaic_config(m=m, k=k, n=n, group_size=gs)
       check_mosaic_shape(cfg, m=m, k=k, group_size=gs)
       assert mosaic_smem_bytes(cfg, m=m, asym=True) <= SMEM_BYTES
+      if gs >= 128:
+        assert cfg.block_k == 512                      # widest step the groups allow
       if gs >= 64:
-        assert cfg.block_k == 512                      # 128-byte swizzle when the groups allow
+        assert cfg.block_k >= 256                      # 128-byte swizzle (planes of >= 64)
   cfg = default_mosaic_config(m=1, k=28672, n=8192, group_size=128)
   assert cfg.split_k >= 2                              # 128 column tiles: K split across the SMs
   cfg = default_mosaic_config(m=3, k=512, n=192, group_size=128)
@@ -184,7 +215,7 @@ def _group(gs):
     (_group(8), (2, 384), BF16, {}, "cannot tile groups of 8 "),
     (_group(96), (2, 384), BF16, {}, "cannot tile groups of 96"),
     (None, (2, 256), BF16, dict(config={"block_k": 128}), "MosaicConfig"),
-    (None, (2, 256), BF16, dict(config=MosaicConfig(block_k=512, split_k=3)), "split_k=3"),
+    (None, (2, 256), BF16, dict(config=MosaicConfig(block_k=256, split_k=3)), "split_k=3"),
 ], ids=["float32_x", "large_m", "eight_bit", "group_8", "group_96", "config_type", "bad_split"])
 def test_not_implemented(make_qw, x_shape, x_dtype, kw, match):
   qw = _weight(256, 64, group_size=64, sym=False, act_order=False)
@@ -208,17 +239,17 @@ def test_dispatch_falls_back_for_float32(monkeypatch):
 
 
 @pytest.mark.parametrize("change,x_shape,exc,match", [
-    (dict(qweight="uint32"), (2, 256), TypeError, "int32"),
+    (dict(qweight="int32"), (2, 256), TypeError, "int16"),
     (dict(qweight="short"), (2, 256), ValueError, "qweight shape"),
     (dict(scales="short"), (2, 256), ValueError, "scales shape"),
     ({}, (2, 128), ValueError, "K=256"),
-    (dict(block_k=256), (2, 256), NotImplementedError, "block_k"),
+    (dict(block_k=128), (2, 256), NotImplementedError, "block_k"),
 ], ids=["qweight_dtype", "qweight_shape", "scales_shape", "x_features", "block_k_mismatch"])
 def test_prepared_weight_bad_inputs(change, x_shape, exc, match):
   mw = layout.prepare_mosaic(_weight(256, 64, group_size=64, sym=False, act_order=False),
-                             block_k=512)
-  if change.get("qweight") == "uint32":
-    mw = dataclasses.replace(mw, qweight=mw.qweight.astype(jnp.uint32))
+                             block_k=256)
+  if change.get("qweight") == "int32":
+    mw = dataclasses.replace(mw, qweight=mw.qweight.astype(jnp.int32))
   if change.get("qweight") == "short":
     mw = dataclasses.replace(mw, qweight=mw.qweight[:, :-1])
   if change.get("scales"):
@@ -231,7 +262,7 @@ def test_prepared_weight_bad_inputs(change, x_shape, exc, match):
 def test_prepare_rejects_untileable_groups():
   qw = _weight(384, 64, group_size=32, sym=True, act_order=False)
   with pytest.raises(NotImplementedError, match="groups of 32"):
-    layout.prepare_mosaic(qw, block_k=512)           # a plane of 64 rows straddles 2 groups
+    layout.prepare_mosaic(qw, block_k=256)           # a plane of 64 rows straddles 2 groups
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,12 +284,14 @@ def _abstract_weight(k, n, *, group_size, sym, act_order):
     (3, 4096, 1024, 32, True, False, BF16, None),                       # 64-byte swizzle
     (31, 264, 200, -1, False, False, BF16, None),                       # padded K and N
     (64, 4096, 1024, -1, False, False, BF16, None),                     # widest wgmma N here
-    (8, 4096, 256, 128, False, False, BF16, MosaicConfig(block_k=128, num_stages=8)),  # 32 B
-    (2, 8192, 1024, 64, True, False, F16, MosaicConfig(block_k=512, split_k=4)),
+    (8, 4096, 256, 128, False, False, BF16, MosaicConfig(block_k=128, num_stages=8)),  # 64 B
+    (8, 4096, 256, 16, False, False, BF16, MosaicConfig(block_k=64, num_stages=8)),    # 32 B
+    (2, 8192, 1024, 64, True, False, F16, MosaicConfig(block_k=256, split_k=4)),
     (16, 8192, 4096, 128, False, False, BF16, MosaicConfig(block_n=256, num_stages=2)),
     (1, 4096, 4096, 128, True, True, BF16, MosaicConfig(block_n=64, num_stages=4, split_k=2)),
-], ids=["decode", "split_act_order_f16", "g32", "per_channel_padded", "m64", "bk128",
-        "g64_split4", "four_warpgroups", "one_warpgroup"])
+    (8, 4096, 1024, 128, False, False, F16, MosaicConfig(block_k=512, registers_a=False)),
+], ids=["decode", "split_act_order_f16", "g32", "per_channel_padded", "m64", "bk128", "bk64_g16",
+        "g64_split4", "four_warpgroups", "one_warpgroup", "planes_in_smem"])
 def test_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, act_order, dtype, config):
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
@@ -272,6 +305,44 @@ def test_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, act_order, dtyp
   with _h200():
     text = jax.jit(f).trace(x, mw, b).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("registers_a,block_k,dtype", [(True, 512, BF16), (True, 128, F16),
+                                                       (False, 256, BF16)])
+def test_lowering_uses_paired_dequant(monkeypatch, registers_a, block_k, dtype):
+  """The compiled form dequantizes with the inline Mosaic GPU routine (3 ops per 32-bit register:
+  shift (not for plane 0), and, or) and, with registers_a, feeds wgmma an array, not a ref."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  counts = dict(shrui=0, andi=0, ori=0)
+
+  def counting(name):
+    op = getattr(w4_mosaic.arith, name)
+    def wrapped(*args, **kwargs):
+      counts[name] += 1
+      return op(*args, **kwargs)
+    return wrapped
+
+  monkeypatch.setattr(w4_mosaic, "arith", types.SimpleNamespace(
+      **{name: counting(name) for name in counts}))
+  a_operands = []
+  wgmma = w4_mosaic.plgpu.wgmma
+  monkeypatch.setattr(w4_mosaic.plgpu, "wgmma", lambda acc, a, b, **kw: (
+      a_operands.append(isinstance(a, jax.Array)), wgmma(acc, a, b, **kw))[1])
+  jax.clear_caches()                           # trace and lower afresh (no cached kernel)
+  k, n = 2048, 256
+  qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
+  cfg = MosaicConfig(block_n=64, block_k=block_k, num_stages=2, registers_a=registers_a)
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(jax.ShapeDtypeStruct((2, k), dtype), mw).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  # One register holds 2 codes: a 64 x span2 plane is 64 * span2 / 2 / 128 registers a thread.
+  regs = 64 * (block_k // 4) // 2 // 128
+  assert counts["ori"] == counts["andi"] == 4 * regs and counts["shrui"] == 3 * regs, counts
+  assert a_operands and all(a == registers_a for a in a_operands)
 
 
 def test_compiled_call_declines_a_plain_quantized_weight():
