@@ -55,8 +55,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
   return name, parse_fields(fields)
 
 
-def configs_for(h: int, s: int, base: dict, variants: dict[str, dict]) -> dict:
-  cfg0 = dataclasses.replace(default_config(head_dim=h, seq_k=s), **base)
+def configs_for(h: int, s: int, masked: bool, base: dict, variants: dict[str, dict]) -> dict:
+  cfg0 = dataclasses.replace(default_config(head_dim=h, seq_k=s, masked=masked), **base)
   return {"base": cfg0, **{n: dataclasses.replace(cfg0, **v) for n, v in variants.items()}}
 
 
@@ -67,7 +67,8 @@ def check(case, base: dict, variants: dict[str, dict]) -> dict:
                             precision=jax.lax.Precision.HIGHEST, **extra)
   scale = float(jnp.max(jnp.abs(ref)))
   row, outs = {"case": str(case)}, {}
-  for name, cfg in configs_for(h, s, base, variants).items():
+  masked = bool(kw.get("causal") or kw.get("window"))
+  for name, cfg in configs_for(h, s, masked, base, variants).items():
     try:
       fn = jax.jit(lambda q, k, v, cfg=cfg: flash_attention(q, k, v, implementation="mosaic",
                                                             config=cfg, **extra))
@@ -126,7 +127,7 @@ def main():
         break
       keys = jax.random.split(jax.random.key(0), 3)
       q, k, v = (jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-      cfgs = {name: cfg for name, cfg in configs_for(h, t, base, variants).items()
+      cfgs = {name: cfg for name, cfg in configs_for(h, t, causal, base, variants).items()
               if name not in bad}
       row = {"shape": [b, t, n, h], "causal": causal}
       fns = {name: (lambda q, k, v, cfg=cfg: flash_attention(

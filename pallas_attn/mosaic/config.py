@@ -30,16 +30,20 @@ class Config:
     fold_scale: keep the logits unscaled until the softmax: the row max is taken on q.k and
       2^(c q.k - m) is one FMA per element instead of a multiply and a subtract (exact maths,
       different rounding; FA3 Section 3.1 on the non-matmul FLOPs). Ignored for scale <= 0.
+      H200: +1-5% on every forward row of the grid (benchmarks/NOTES.md, session 4).
     named_barriers: the consumers' ping-pong on two hardware named barriers (``bar.arrive`` to
       hand the tensor cores over, ``bar.sync`` to take them) instead of an mbarrier rendezvous.
       Compiled only (PTX); interpret mode keeps the mbarrier. Ignored with ``overlap``.
+      H200: +1-3% alone, +4-7% together with ``fold_scale``.
     early_k_wait: wait for the next K block inside the P V wgmma scope, while P V runs.
+      H200 (with no_auto_barriers): -2% to +3% depending on the row, so off.
     no_auto_barriers: ``CompilerParams(unsafe_no_auto_barriers=True)``: no warpgroup barrier
       around SMEM stores and TMA issues (the kernel never reads and writes a region from the
       same thread, the condition that makes this safe). Compiled only.
     computed_ranges: for position-only masks (causal / window, no kv_lengths, no segment ids)
       compute each CTA's K/V block range from its tile index in the kernel instead of
-      TMA-loading a per-tile record first (one dependent global load less per CTA).
+      TMA-loading a per-tile record first (one dependent global load less per CTA). H200:
+      within +-2% alone; on by default because the persistent launch needs it for masks.
     persistent: launch one CTA per SM, each looping over (batch, head, query tile) tiles: the
       producer streams the next tile's K/V while the consumers finish the current one, and the
       next Q is loaded while O is written. Served when no per-tile metadata is needed (no mask,
@@ -53,11 +57,11 @@ class Config:
   bwd_block_kv: int = 64
   backward: str = "mosaic"
   overlap: bool = False
-  fold_scale: bool = False
-  named_barriers: bool = False
+  fold_scale: bool = True
+  named_barriers: bool = True
   early_k_wait: bool = False
   no_auto_barriers: bool = False
-  computed_ranges: bool = False
+  computed_ranges: bool = True
   persistent: bool = False
 
   def __post_init__(self):
@@ -82,8 +86,12 @@ def padded_head_dim(head_dim: int) -> int:
   raise NotImplementedError(f"mosaic backend supports head_dim <= {HEAD_DIMS[-1]}, got {head_dim}")
 
 
-def default_config(*, head_dim: int, seq_k: int) -> Config:
+def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
+
+  ``masked``: a causal / windowed call. The persistent launch is used only without such a mask:
+  on the H200 it made unmasked rows 0-15% faster (T = 16384 to T = 1024) but causal rows 5-50%
+  slower (a static round-robin over tiles of very different lengths leaves SMs idle at the end).
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
@@ -97,4 +105,5 @@ def default_config(*, head_dim: int, seq_k: int) -> Config:
     block_kv = 64 if hp > 128 or seq_k <= 64 else 128
   # The Triton FA2 backward: 1.4-1.5x faster than the Mosaic wgmma backward at every H=128 row
   # of the H200 sweep (benchmarks/results/mosaic_tune/).
-  return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="triton")
+  return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="triton",
+                persistent=not masked)

@@ -281,7 +281,9 @@ def runner(case: Case, *, implementation: str | None, jit: bool = True,
     # over 128 fall back to the Triton backward either way (shared memory).
     from pallas_attn.mosaic import config as mosaic_config  # pylint: disable=import-outside-toplevel
     extra["config"] = dataclasses.replace(
-        mosaic_config.default_config(head_dim=case.h, seq_k=case.s), backward="mosaic")
+        mosaic_config.default_config(head_dim=case.h, seq_k=case.s,
+                                     masked=case.causal or case.window is not None),
+        backward="mosaic")
   fn = functools.partial(flash_attention, implementation=implementation,
                          return_lse=case.return_lse, **_static_kwargs(case), **extra)
   call = functools.partial(_vjp_call, fn, case.return_lse)
