@@ -139,7 +139,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     # short tiles fill the tail of the grid instead of a long one running alone at the end.
     return n_tiles - 1 - tile if st.spec.right is not None else tile
 
-  if st.persistent:
+  if st.persistent and st.spec.is_trivial:
     # One CTA per SM walks the (batch, head, tile) space with stride num_ctas, tile fastest, so
     # that the CTAs running together read the same heads' K/V (L2 reuse). Between tiles the
     # producer runs ahead into the next tile's K/V and the consumers prefetch the next Q while
@@ -150,7 +150,23 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     def coords(i):
       flat = cta + i * st.num_ctas
       bh, tile = lax.div(flat, jnp.int32(n_tiles)), lax.rem(flat, jnp.int32(n_tiles))
-      return lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)), heavy_first(tile)
+      return lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)), tile
+  elif st.persistent:
+    # Masked: tiles differ in length (up to n_tiles-fold for causal), so a plain round-robin
+    # leaves SMs idle at the end. Order the tiles by rank (heaviest first, every (batch, head)
+    # of a rank together, as the one-CTA-per-tile grid launches them) and deal each round of
+    # num_ctas tiles in alternating directions ("snake"), so every CTA's total stays close.
+    cta, ctas = lax.axis_index("sm"), st.num_ctas
+    rounds, rest = divmod(st.num_tiles, ctas)
+    extra = cta < rest if rounds % 2 == 0 else cta >= ctas - rest
+    num_local = rounds + extra.astype(jnp.int32)
+    bh_count = st.num_tiles // n_tiles
+
+    def coords(i):
+      flat = i * ctas + jnp.where(lax.rem(i, 2) == 0, cta, ctas - 1 - cta)
+      rank, bh = lax.div(flat, jnp.int32(bh_count)), lax.rem(flat, jnp.int32(bh_count))
+      return (lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)),
+              heavy_first(rank))
   else:
     num_local = 1
     coords = lambda i: (lax.axis_index("batch"), lax.axis_index("heads"),
