@@ -24,11 +24,19 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
-from pallas_attn.mosaic.config import Config, padded_head_dim
+from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 
 ENV_VAR = "PALLAS_ATTN_TUNE_CACHE"
-SEARCH_SPACE = tuple(Config(block_q=bq, block_kv=bkv, num_stages=st)
-                     for bq in (64, 128) for bkv in (64, 128, 256) for st in (2, 3))
+
+
+def search_space(*, head_dim: int, seq_k: int, causal: bool) -> tuple[Config, ...]:
+  """Tiles, ring depth and launch style around ``default_config``: every other field (the
+  backward, the measured forward flags) stays at the default, so a cached winner never silently
+  switches to e.g. the slower Mosaic backward."""
+  base = default_config(head_dim=head_dim, seq_k=seq_k, masked=causal)
+  return tuple(dataclasses.replace(base, block_q=bq, block_kv=bkv, num_stages=st, persistent=p)
+               for bq in (64, 128) for bkv in (64, 128, 256) for st in (2, 3)
+               for p in (False, True))
 
 
 def cache_path() -> str:
@@ -74,12 +82,12 @@ def _wall_ms(fn: Callable[[], Any], iterations: int) -> float:
 
 
 def tune(*, batch: int, seq_q: int, seq_k: int, heads: int, kv_heads: int, head_dim: int,
-         causal: bool = False, dtype=jnp.bfloat16, space: Iterable[Config] = SEARCH_SPACE,
+         causal: bool = False, dtype=jnp.bfloat16, space: Iterable[Config] | None = None,
          iterations: int = 10, path: str | None = None, interpret: bool = False,
          timer: Callable[[Callable[[], Any], int], float] = _wall_ms) -> Config:
   """Times the forward for every Config of ``space`` and stores the fastest in the cache.
 
-  Configs that the backend declines (NotImplementedError, e.g. over shared memory) or that fail to
+  ``space`` defaults to ``search_space(head_dim, seq_k, causal)``. Configs that the backend declines (NotImplementedError, e.g. over shared memory) or that fail to
   compile are skipped. ``timer(fn, iterations) -> ms`` may be replaced (the tests inject one; a
   profiler-based timer gives kernel time instead of wall clock). Returns the winner.
   Raises ValueError for non-positive sizes or when no Config of ``space`` runs.
@@ -93,6 +101,8 @@ def tune(*, batch: int, seq_q: int, seq_k: int, heads: int, kv_heads: int, head_
   q = jax.random.normal(keys[0], (batch, seq_q, heads, head_dim), dtype)
   k = jax.random.normal(keys[1], (batch, seq_k, kv_heads, head_dim), dtype)
   v = jax.random.normal(keys[2], (batch, seq_k, kv_heads, head_dim), dtype)
+  if space is None:
+    space = search_space(head_dim=head_dim, seq_k=seq_k, causal=causal)
   results: list[tuple[float, Config]] = []
   errors: dict[str, str] = {}
   for cfg in tqdm(list(space), desc="mosaic autotune", leave=False):

@@ -59,3 +59,18 @@ def test_corrupt_cache_is_ignored(tmp_path):
   path.write_text("{not json")
   assert autotune.lookup(head_dim=64, seq_k=64, causal=False, dtype=jnp.bfloat16,
                          path=str(path)) is None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_search_space_keeps_the_default_flags(causal):
+  """Only tiles, ring depth and the launch style vary; the backward and the forward flags stay
+  at default_config's values (a cached winner must not switch to the slower Mosaic backward)."""
+  from pallas_attn.mosaic import default_config
+  base = default_config(head_dim=128, seq_k=4096, masked=causal)
+  space = autotune.search_space(head_dim=128, seq_k=4096, causal=causal)
+  assert len(space) == len(set(space)) == 24 and base in space
+  varied = {"block_q", "block_kv", "num_stages", "persistent"}
+  for cfg in space:
+    for field in Config.__dataclass_fields__:
+      if field not in varied:
+        assert getattr(cfg, field) == getattr(base, field), field
