@@ -40,10 +40,10 @@ class Config:
     no_auto_barriers: ``CompilerParams(unsafe_no_auto_barriers=True)``: no warpgroup barrier
       around SMEM stores and TMA issues (the kernel never reads and writes a region from the
       same thread, the condition that makes this safe). Compiled only.
-    computed_ranges: for position-only masks (causal / window, no kv_lengths, no segment ids)
-      compute each CTA's K/V block range from its tile index in the kernel instead of
-      TMA-loading a per-tile record first (one dependent global load less per CTA). H200:
-      within +-2% alone; on by default because the persistent launch needs it for masks.
+    computed_ranges: for position-only masks (causal / window, or just S off the K/V block; no
+      kv_lengths, no segment ids) compute each CTA's K/V block range from its tile index in the
+      kernel instead of TMA-loading a per-tile record first (one dependent global load less per
+      CTA). H200: within +-2% alone; on by default because the persistent launch needs it.
     persistent: launch one CTA per SM, each looping over (batch, head, query tile) tiles: the
       producer streams the next tile's K/V while the consumers finish the current one, and the
       next Q is loaded while O is written. Served when no per-tile metadata is needed (no mask,

@@ -236,8 +236,9 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   left, right = masks.canonical_window(causal=causal, window=window)
   spec = masks.MaskSpec(left=left, right=right, offset=s - t)
   has_kv_len = kv_lengths is not None or tk != s
-  # Position-only masks: the kernel computes each tile's block range (kv_len = S, static).
-  computed = (cfg.computed_ranges and not spec.is_trivial and kv_lengths is None
+  # Position-only masks (or only S's padding to the block): the kernel computes each tile's
+  # block range from its index (kv_len = S, static) instead of loading a per-tile record.
+  computed = (cfg.computed_ranges and (not spec.is_trivial or tk != s) and kv_lengths is None
               and q_seg is None)
   st = kernels.Statics(
       scale=scale, softcap=softcap, spec=spec, has_kv_len=has_kv_len,
