@@ -190,12 +190,19 @@ class MosaicConfig:
   ``registers_a``: the dequantized planes are wgmma's A operand straight from registers
   (compiled only; the Mosaic interpreter cannot run register operands, so interpret mode stages
   them through SMEM, as does ``registers_a=False``).
+  ``fold_zero`` (with ``registers_a``, compiled only; not yet measured, off): leave the plane as
+  ``B + q`` and let the tensor cores subtract: a second wgmma per plane with the constant
+  operand ``-(B + z)`` (same accumulator), instead of one packed 16-bit subtract per two weights
+  on the ALU. The tensor cores are nearly idle at decode (N = m_pad <= 64); the accumulator then
+  holds sums ~(B + q) / (q - z) ~ 20-140x larger before they cancel, so its float32 rounding
+  matters more (to be checked against the 1e-3 error bar on the GPU).
   """
   block_n: int = 128
   block_k: int = 512
   num_stages: int = 4
   split_k: int = 1
   registers_a: bool = True
+  fold_zero: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):

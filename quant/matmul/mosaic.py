@@ -99,6 +99,7 @@ class Statics:
   registers_a: bool = False   # dequantized planes feed wgmma from registers (compiled only)
   paired: bool = False        # dequantize two codes per 32-bit op with inline Mosaic GPU code
                               # (compiled only: the interpreter cannot run inline_mgpu)
+  fold_zero: bool = False     # subtract B + z with a second wgmma (needs registers_a)
 
   @property
   def span2(self) -> int:
@@ -246,8 +247,16 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     def mma(*acc_refs, groups, zeros):
       """All planes of ``groups``, group i into ``acc_refs[i]``; one wait for the lot."""
       for i, (g, zero) in enumerate(zip(groups, zeros)):
+        if st.fold_zero:
+          # -(B + z) as a wgmma A operand (exact in 16 bits), shared by the group's planes.
+          neg_zero = plgpu.layout_cast(jnp.zeros((BN, span2), st.dtype) - zero, wgmma_layout)
         for j in range(planes_per_group):
           p = g * planes_per_group + j
+          if st.fold_zero:
+            # (B + q) x + (-(B + z)) x = (q - z) x, the subtraction done by the tensor cores.
+            plgpu.wgmma(acc_refs[i], _codes(codes, p, st), x_ring.at[slot, p].transpose((1, 0)))
+            plgpu.wgmma(acc_refs[i], neg_zero, x_ring.at[slot, p].transpose((1, 0)))
+            continue
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
           # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q.
           vals = _codes(codes, p, st) - zero
@@ -528,7 +537,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
                magic=_MAGIC[jnp.dtype(x.dtype)][1],
                registers_a=not static.interpret and cfg.registers_a,
-               paired=not static.interpret)
+               paired=not static.interpret,
+               fold_zero=not static.interpret and cfg.registers_a and cfg.fold_zero)
   # x in planes: xt[c, m, :] holds x's columns [c*span2, (c+1)*span2); zero padding is harmless
   # (padded weight codes and scales are 0 as well).
   xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))

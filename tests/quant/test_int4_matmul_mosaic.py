@@ -345,6 +345,32 @@ def test_lowering_uses_paired_dequant(monkeypatch, registers_a, block_k, dtype):
   assert a_operands and all(a == registers_a for a in a_operands)
 
 
+@pytest.mark.parametrize("sym", [False, True])
+def test_lowering_fold_zero_moves_the_subtraction_to_wgmma(monkeypatch, sym):
+  """fold_zero: two wgmmas per plane (B + q, then the constant -(B + z)), no 16-bit subtract."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  k, n, block_k = 2048, 256, 512
+  qw = _abstract_weight(k, n, group_size=128, sym=sym, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
+  calls = {}
+  for fold in (False, True):
+    a_operands = []
+    wgmma = w4_mosaic.plgpu.wgmma
+    monkeypatch.setattr(w4_mosaic.plgpu, "wgmma", lambda acc, a, b, **kw: (
+        a_operands.append(a), wgmma(acc, a, b, **kw))[1])
+    jax.clear_caches()
+    cfg = MosaicConfig(block_n=64, block_k=block_k, num_stages=2, fold_zero=fold)
+    f = lambda x, mw, cfg=cfg: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
+    with _h200():
+      text = jax.jit(f).trace(jax.ShapeDtypeStruct((2, k), BF16), mw).lower(
+          lowering_platforms=("cuda",)).as_text()
+    monkeypatch.setattr(w4_mosaic.plgpu, "wgmma", wgmma)
+    assert "mosaic_gpu" in text
+    calls[fold] = len(a_operands)
+  assert calls[False] >= layout.PLANES and calls[True] == 2 * calls[False], calls
+
+
 def test_compiled_call_declines_a_plain_quantized_weight():
   """Repacking per call would cost a full pass over the weight: dispatch goes to Triton."""
   qw = _abstract_weight(4096, 1024, group_size=128, sym=False, act_order=False)
