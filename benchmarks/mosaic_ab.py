@@ -10,6 +10,9 @@
 
 A variant is ``name:field=value,field=value`` (Config fields; ``--variant`` repeats); the
 baseline is ``default_config`` with ``--base`` applied. Results stream into ``OUT/mosaic_ab.json``.
+``--mode fwdbwd`` checks dq/dk/dv too and times forward + backward (``jax.vjp``, random
+cotangent), the way ``attention.py`` does; that mode writes no autotune cache (the cache is read
+for the forward).
 
   PYTHONPATH=$PWD PALLAS_ATTN_TUNE_CACHE=$OUT/tune_cache.json python3 benchmarks/mosaic_ab.py \
       --out $OUT --variant fma:fold_scale=True --variant named:named_barriers=True
@@ -60,22 +63,40 @@ def configs_for(h: int, s: int, masked: bool, base: dict, variants: dict[str, di
   return {"base": cfg0, **{n: dataclasses.replace(cfg0, **v) for n, v in variants.items()}}
 
 
-def check(case, base: dict, variants: dict[str, dict]) -> dict:
+def with_grads(fn):
+  """(q, k, v, do) -> (out, dq, dk, dv) through jax.vjp."""
+  def run(q, k, v, do):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out, *vjp(do))
+  return run
+
+
+def check(case, base: dict, variants: dict[str, dict], grads: bool = False) -> dict:
+  """Max |x - ref| / max |ref| of out (and dq, dk, dv with ``grads``) for each config."""
   b, t, s, n, kh, h, kw = case
   q, k, v, extra = _inputs(b, t, s, n, kh, h, kw)
-  ref = reference.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-                            precision=jax.lax.Precision.HIGHEST, **extra)
-  scale = float(jnp.max(jnp.abs(ref)))
+  do = jax.random.normal(jax.random.key(9), q.shape, jnp.bfloat16)
+  names = ("out", "dq", "dk", "dv") if grads else ("out",)
+
+  def ref_fn(q, k, v):
+    return reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST, **extra)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
+  refs = with_grads(ref_fn)(*f32) if grads else (ref_fn(*f32[:3]),)
   row, outs = {"case": str(case)}, {}
   masked = bool(kw.get("causal") or kw.get("window"))
   for name, cfg in configs_for(h, s, masked, base, variants).items():
     try:
-      fn = jax.jit(lambda q, k, v, cfg=cfg: flash_attention(q, k, v, implementation="mosaic",
-                                                            config=cfg, **extra))
-      outs[name] = fn(q, k, v).astype(jnp.float32)
-      row[f"{name}_err"] = float(jnp.max(jnp.abs(outs[name] - ref))) / scale
+      fn = lambda q, k, v, cfg=cfg: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                                    **extra)
+      got = jax.jit(with_grads(fn))(q, k, v, do) if grads else (jax.jit(fn)(q, k, v),)
+      outs[name] = [x.astype(jnp.float32) for x in got]
+      errs = [float(jnp.max(jnp.abs(x - r)) / jnp.max(jnp.abs(r))) for x, r in zip(outs[name], refs)]
+      row[f"{name}_err"] = max(errs)
+      if grads:
+        row[f"{name}_errs"] = dict(zip(names, errs))
       if name != "base" and "base" in outs:
-        row[f"{name}_vs_base"] = float(jnp.max(jnp.abs(outs[name] - outs["base"]))) / scale
+        row[f"{name}_vs_base"] = max(float(jnp.max(jnp.abs(x - y)) / jnp.max(jnp.abs(r)))
+                                     for x, y, r in zip(outs[name], outs["base"], refs))
     except Exception as e:  # pylint: disable=broad-except
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:800]}"
   return row
@@ -101,16 +122,19 @@ def main():
   ap.add_argument("--rows", default="", help="indices into ROWS, e.g. 0,1 (default: all)")
   ap.add_argument("--causal", default="0,1", help="0 = full, 1 = causal")
   ap.add_argument("--budget-s", type=float, default=400.0)
+  ap.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"))
   args = ap.parse_args()
+  grads = args.mode == "fwdbwd"
   t0 = time.time()
   base = parse_fields(args.base)
   variants = dict(parse_variant(v) for v in args.variant)
   path = os.path.join(args.out, "mosaic_ab.json")
-  payload = {"meta": timing.metadata(), "base": base, "variants": variants, "correctness": [],
+  payload = {"meta": timing.metadata(), "mode": args.mode, "base": base, "variants": variants,
+             "correctness": [],
              "rows": []}
   bad = set()
   for case in CASES:
-    row = check(case, base, variants)
+    row = check(case, base, variants, grads)
     for name in ("base", *variants):
       if f"{name}_error" in row or row.get(f"{name}_err", 1.0) > TOL:
         bad.add(name)
@@ -127,6 +151,8 @@ def main():
         break
       keys = jax.random.split(jax.random.key(0), 3)
       q, k, v = (jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
+      args_ = (q, k, v, jax.random.normal(jax.random.key(9), q.shape, jnp.bfloat16))[:4 if grads
+                                                                                     else 3]
       cfgs = {name: cfg for name, cfg in configs_for(h, t, causal, base, variants).items()
               if name not in bad}
       row = {"shape": [b, t, n, h], "causal": causal}
@@ -135,7 +161,8 @@ def main():
       fns.update(peers(causal))
       for name, fn in fns.items():
         try:
-          row[f"{name}_ms"] = timing.measure(jax.jit(fn), (q, k, v), iterations=10).ms
+          row[f"{name}_ms"] = timing.measure(jax.jit(with_grads(fn) if grads else fn), args_,
+                                             iterations=10).ms
         except Exception as e:  # pylint: disable=broad-except
           row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:600]}"
       timed = {name: row[f"{name}_ms"] for name in cfgs if f"{name}_ms" in row}
@@ -145,12 +172,18 @@ def main():
         for peer in ("cudnn", "tokamax"):
           if f"{peer}_ms" in row:
             row[f"best_vs_{peer}"] = row[f"{peer}_ms"] / timed[best]
-        cache[autotune.problem_key(head_dim=h, seq_k=t, causal=causal, dtype=jnp.bfloat16)] = {
-            "config": dataclasses.asdict(cfgs[best]), "ms": timed[best], "shape": [b, t, t, n, n, h]}
+        if not grads:
+          cache[autotune.problem_key(head_dim=h, seq_k=t, causal=causal, dtype=jnp.bfloat16)] = {
+              "config": dataclasses.asdict(cfgs[best]), "ms": timed[best],
+              "shape": [b, t, t, n, n, h]}
       print(row, flush=True)
       payload["rows"].append(row)
       timing.write_json(path, payload)
   cache_path = autotune.cache_path()
+  if grads:
+    payload["cache"] = {}
+    timing.write_json(path, payload)
+    return
   os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
   with open(cache_path, "w") as f:
     json.dump(cache, f, indent=1, sort_keys=True)

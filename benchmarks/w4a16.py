@@ -78,8 +78,11 @@ def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicC
   except NotImplementedError:
     return []
   rep = dataclasses.replace
-  # fold_zero first: the unmeasured idea gets timed even when the budget cuts the sweep short.
-  cands = [rep(base, fold_zero=True), rep(base, registers_a=False),
+  # Smaller CTAs first (more warpgroups dequantizing per SM: on the H200 6- and 8-deep rings,
+  # one CTA per SM, were 25-30% slower than 4-deep ones, two CTAs per SM; fold_zero 1.6-1.8x
+  # slower, so it is no longer swept: benchmarks/NOTES.md, session 5).
+  cands = [rep(base, block_k=256), rep(base, num_stages=2), rep(base, num_stages=3),
+           rep(base, block_k=256, num_stages=6), rep(base, registers_a=False),
            rep(base, block_n=64, num_stages=4), rep(base, block_n=256, num_stages=2),
            rep(base, split_k=base.split_k * 2), rep(base, split_k=max(1, base.split_k // 2)),
            rep(base, num_stages=2), rep(base, num_stages=4), rep(base, block_k=256),

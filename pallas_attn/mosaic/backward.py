@@ -106,6 +106,9 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
+    # Register reallocation as in the forward: without it each of the 3 x 128 threads gets at most
+    # 168 registers and the consumers (two fp32 accumulators + S and dP) spill.
+    plgpu.set_max_registers(232, action="increase")
     q_start = tile * (COMPUTE_WGS * bq) + wg * bq
     rows = pl.ds(q_start, bq)
     q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
@@ -126,40 +129,85 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       q_seg = plgpu.load(qseg_smem2.at[wg], layout=row_layout)
     shape = (bq, bkv)
 
-    def step(j, dq, masked: bool):
-      slot = lax.rem(j - lo, stages)
-      plgpu.barrier_wait(k_ready.at[slot])
-      s2, t = _logits2(_product(q_smem, k_smem.at[slot].transpose((1, 0)), shape), st)
-      p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, shape, [0]))
+    def mask_of(j, masked: bool):
+      if not masked:
+        return None
+      q_pos = q_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+      k_pos = j * bkv + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+      seg_q = seg_k = None
       if st.has_segments:
-        plgpu.barrier_wait(seg_ready.at[slot])
-      mask = None
-      if masked:
-        q_pos = q_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        k_pos = j * bkv + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        seg_q = seg_k = None
-        if st.has_segments:
-          seg_k = lax.broadcast_in_dim(
-              plgpu.load(kvseg_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0)), shape, [1])
-          seg_q = lax.broadcast_in_dim(q_seg, shape, [0])
-        mask = _tile_mask(q_pos, k_pos, kv_len, seg_q, seg_k, st)
+        seg_k = lax.broadcast_in_dim(
+            plgpu.load(kvseg_smem.at[lax.rem(j - lo, stages)],
+                       layout=plgpu.Layout.WGMMA.reduce(0)), shape, [1])
+        seg_q = lax.broadcast_in_dim(q_seg, shape, [0])
+      return _tile_mask(q_pos, k_pos, kv_len, seg_q, seg_k, st)
+
+    def probs(s, j, masked: bool):
+      """q.k -> (P, tanh of the softcap | None, mask | None)."""
+      s2, t = _logits2(s, st)
+      p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, shape, [0]))
+      mask = mask_of(j, masked)
+      if mask is not None:
         p = jnp.where(mask, p, 0.0)
-      plgpu.barrier_wait(v_ready.at[slot])
-      dp = _product(do_smem, v_smem.at[slot].transpose((1, 0)), shape)
-      plgpu.barrier_arrive(v_free.at[slot])
+      return p, t, mask
+
+    def grad_logits(p, dp, t, mask):
+      """dS = P (dP - D) (1 - t^2), zero where masked."""
       ds = p * (dp - lax.broadcast_in_dim(delta, shape, [0]))
       if t is not None:
         ds = ds * (1.0 - t * t)
       if mask is not None:
         ds = jnp.where(mask, ds, 0.0)
-      dq = _matmul_acc(dq, ds.astype(q_smem.dtype), k_smem.at[slot],
-                       None if ds_smem2 is None else ds_smem2.at[wg], registers=st.registers_pv)
+      return ds.astype(q_smem.dtype)
+
+    def step(j, dq, masked: bool):
+      """Interpret form: one synchronous wgmma at a time, dS staged through SMEM."""
+      slot = lax.rem(j - lo, stages)
+      plgpu.barrier_wait(k_ready.at[slot])
+      if st.has_segments:
+        plgpu.barrier_wait(seg_ready.at[slot])
+      p, t, mask = probs(_product(q_smem, k_smem.at[slot].transpose((1, 0)), shape), j, masked)
+      plgpu.barrier_wait(v_ready.at[slot])
+      dp = _product(do_smem, v_smem.at[slot].transpose((1, 0)), shape)
+      plgpu.barrier_arrive(v_free.at[slot])
+      ds = grad_logits(p, dp, t, mask)
+      dq = _matmul_acc(dq, ds, k_smem.at[slot], None if ds_smem2 is None else ds_smem2.at[wg],
+                       registers=st.registers_pv)
       plgpu.barrier_arrive(k_free.at[slot])
       return dq
 
-    dq = plgpu.layout_cast(jnp.full((bq, q_smem.shape[-1]), 0.0, jnp.float32),
-                           plgpu.Layout.WGMMA)
-    dq = _visit(lo, lo_full, hi_full, hi, step, dq, st)
+    def step_async(j, dq_acc, masked: bool):
+      """Compiled form: S = Q K^T and dP = dO V^T issued back to back, P computed while the
+      tensor cores run dP (FA3 Section 3.3's overlap of softmax and matmul), dQ += dS K
+      accumulated in place."""
+      slot = lax.rem(j - lo, stages)
+      plgpu.barrier_wait(k_ready.at[slot])
+      plgpu.barrier_wait(v_ready.at[slot])
+      if st.has_segments:
+        plgpu.barrier_wait(seg_ready.at[slot])
+
+      def scores(s_acc, dp_acc):
+        plgpu.wgmma(s_acc, q_smem, k_smem.at[slot].transpose((1, 0)))
+        plgpu.wgmma(dp_acc, do_smem, v_smem.at[slot].transpose((1, 0)))
+        p, t, mask = probs(plgpu.wgmma_accumulator_load(s_acc, wait_n=1), j, masked)
+        return p, t, mask, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
+      acc = plgpu.ACC(shape, jnp.float32)
+      p, t, mask, dp = pl.run_scoped(scores, acc, acc)
+      plgpu.barrier_arrive(v_free.at[slot])
+      plgpu.wgmma(dq_acc, grad_logits(p, dp, t, mask), k_smem.at[slot])
+      plgpu.wgmma_wait(0)
+      plgpu.barrier_arrive(k_free.at[slot])
+      return dq_acc
+
+    if st.registers_pv:
+      def run(dq_acc):
+        _visit(lo, lo_full, hi_full, hi, step_async, dq_acc, st)
+        return dq_acc[...]
+      dq = pl.run_scoped(run, plgpu.ACC((bq, q_smem.shape[-1]), jnp.float32))
+    else:
+      dq = plgpu.layout_cast(jnp.full((bq, q_smem.shape[-1]), 0.0, jnp.float32),
+                             plgpu.Layout.WGMMA)
+      dq = _visit(lo, lo_full, hi_full, hi, step, dq, st)
     q_smem[...] = (dq * st.scale).astype(q_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[batch, rows, head])
@@ -167,6 +215,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
+    plgpu.set_max_registers(40, action="decrease")
     fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
                        (k_ready, v_ready, seg_ready), batch=batch,
                        kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
@@ -199,6 +248,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
+    plgpu.set_max_registers(232, action="increase")
     k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
     keys = pl.ds(k_start, bkv)
     k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
@@ -217,14 +267,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
           plgpu.load(kvseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
     pt_smem = None if pt_smem2 is None else pt_smem2.at[wg]
 
-    def step(n, i, carry, masked: bool):
-      dk, dv = carry
-      slot = lax.rem(n * per_head + (i - lo), stages)
-      plgpu.barrier_wait(q_ready.at[slot])
-      plgpu.barrier_wait(rows_ready.at[slot])
-      if st.has_segments:
-        plgpu.barrier_wait(rows_ready.at[stages + slot])   # every phase, masked step or not
-      s2, t = _logits2(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), st)
+    def probs_t(s, i, slot, masked: bool):
+      """k.q (transposed tile) -> (P^T, D row-broadcast, tanh of the softcap | None, mask)."""
+      s2, t = _logits2(s, st)
       lse2 = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 0], layout=col), shape, [1])
       delta = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 1], layout=col), shape, [1])
       pt = jnp.exp2(s2 - lse2)
@@ -237,27 +282,83 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
           seg_q = lax.broadcast_in_dim(plgpu.load(qseg_smem.at[slot], layout=col), shape, [1])
         mask = _tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st)
         pt = jnp.where(mask, pt, 0.0)
-      plgpu.barrier_wait(do_ready.at[slot])
-      dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot], pt_smem,
-                       registers=st.registers_pv)
-      dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
-      plgpu.barrier_arrive(do_free.at[slot])
+      return pt, delta, t, mask
+
+    def grad_logits_t(pt, dpt, delta, t, mask):
       dst = pt * (dpt - delta)
       if t is not None:
         dst = dst * (1.0 - t * t)
       if mask is not None:
         dst = jnp.where(mask, dst, 0.0)
-      dk = _matmul_acc(dk, dst.astype(k_smem.dtype), q_smem.at[slot], pt_smem,
+      return dst.astype(k_smem.dtype)
+
+    def wait_inputs(slot):
+      plgpu.barrier_wait(q_ready.at[slot])
+      plgpu.barrier_wait(rows_ready.at[slot])
+      if st.has_segments:
+        plgpu.barrier_wait(rows_ready.at[stages + slot])   # every phase, masked step or not
+
+    def step(n, i, carry, masked: bool):
+      """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM."""
+      dk, dv = carry
+      slot = lax.rem(n * per_head + (i - lo), stages)
+      wait_inputs(slot)
+      pt, delta, t, mask = probs_t(
+          _product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot, masked)
+      plgpu.barrier_wait(do_ready.at[slot])
+      dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot], pt_smem,
+                       registers=st.registers_pv)
+      dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
+      plgpu.barrier_arrive(do_free.at[slot])
+      dk = _matmul_acc(dk, grad_logits_t(pt, dpt, delta, t, mask), q_smem.at[slot], pt_smem,
                        registers=st.registers_pv)
       plgpu.barrier_arrive(q_free.at[slot])
       return dk, dv
 
-    zeros = plgpu.layout_cast(jnp.full((bkv, k_smem.shape[-1]), 0.0, jnp.float32),
-                              plgpu.Layout.WGMMA)
+    def step_async(n, i, accs, masked: bool):
+      """Compiled form: S^T = K Q^T and dP^T = V dO^T issued back to back and P^T computed
+      while the tensor cores run dP^T; then dV += P^T dO is issued before dS^T is computed, and
+      dK += dS^T Q after it, so the ALU work of each half hides behind a matmul (FA3 Section
+      3.3). The accumulators stay in place across the loop."""
+      dk_acc, dv_acc = accs
+      slot = lax.rem(n * per_head + (i - lo), stages)
+      wait_inputs(slot)
+      plgpu.barrier_wait(do_ready.at[slot])
 
-    def per_group_head(n, carry):
-      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
-    dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
+      def scores(s_acc, dp_acc):
+        plgpu.wgmma(s_acc, k_smem, q_smem.at[slot].transpose((1, 0)))
+        plgpu.wgmma(dp_acc, v_smem, do_smem.at[slot].transpose((1, 0)))
+        pt, delta, t, mask = probs_t(plgpu.wgmma_accumulator_load(s_acc, wait_n=1), i, slot,
+                                     masked)
+        plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
+        # dP^T was issued before dV: waiting down to one group in flight finishes it.
+        dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
+        return grad_logits_t(pt, dpt, delta, t, mask)
+      acc = plgpu.ACC(shape, jnp.float32)
+      dst = pl.run_scoped(scores, acc, acc)
+      plgpu.wgmma(dk_acc, dst, q_smem.at[slot])
+      plgpu.wgmma_wait(1)                       # dV done: dO's slot can be refilled
+      plgpu.barrier_arrive(do_free.at[slot])
+      plgpu.wgmma_wait(0)
+      plgpu.barrier_arrive(q_free.at[slot])
+      return accs
+
+    if st.registers_pv:
+      def run(dk_acc, dv_acc):
+        def per_group_head(n, accs):
+          return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step_async(n, i, c, m), accs,
+                        st)
+        lax.fori_loop(0, st.groups, per_group_head, (dk_acc, dv_acc))
+        return dk_acc[...], dv_acc[...]
+      acc = plgpu.ACC((bkv, k_smem.shape[-1]), jnp.float32)
+      dk, dv = pl.run_scoped(run, acc, acc)
+    else:
+      zeros = plgpu.layout_cast(jnp.full((bkv, k_smem.shape[-1]), 0.0, jnp.float32),
+                                plgpu.Layout.WGMMA)
+
+      def per_group_head(n, carry):
+        return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
+      dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
@@ -267,6 +368,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+
     def fetch(step):
       slot = lax.rem(step, stages)
       head = kv_head * st.groups + lax.div(step, jnp.maximum(per_head, 1))

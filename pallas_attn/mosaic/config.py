@@ -103,7 +103,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
     block_kv = 256        # H200 sweep at H=64: 256 keys per step beat 128 by 5-9%
   else:
     block_kv = 64 if hp > 128 or seq_k <= 64 else 128
-  # The Triton FA2 backward: 1.4-1.5x faster than the Mosaic wgmma backward at every H=128 row
-  # of the H200 sweep (benchmarks/results/mosaic_tune/).
-  return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="triton",
+  # The Mosaic wgmma backward (register reallocation, async wgmma): fwd+bwd 1.10-1.23x faster than
+  # with the Triton FA2 backward on every H=128 row of the H200 A/B (benchmarks/NOTES.md,
+  # session 5). Head dims whose dK/dV tiles overflow shared memory fall back to Triton anyway.
+  return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 persistent=not masked)

@@ -276,9 +276,9 @@ def runner(case: Case, *, implementation: str | None, jit: bool = True,
   """``run(inputs) -> {"out", "lse", "dq", "dk", "dv"}`` for flash_attention with ``case``'s masks."""
   skip_unsupported(case, implementation)
   if implementation == "mosaic" and "config" not in extra:
-    # The default Config takes the Triton FA2 backward (faster on the H200, and tested as the
-    # "triton" backend); the suite checks the Mosaic wgmma backward kernels instead. Head dims
-    # over 128 fall back to the Triton backward either way (shared memory).
+    # The suite pins the Mosaic wgmma backward (the default since session 5) so that a change of
+    # default never silently moves these cases to the Triton kernels. Head dims over 128 fall
+    # back to the Triton backward either way (shared memory).
     from pallas_attn.mosaic import config as mosaic_config  # pylint: disable=import-outside-toplevel
     extra["config"] = dataclasses.replace(
         mosaic_config.default_config(head_dim=case.h, seq_k=case.s,

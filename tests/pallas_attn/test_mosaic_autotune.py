@@ -64,7 +64,7 @@ def test_corrupt_cache_is_ignored(tmp_path):
 @pytest.mark.parametrize("causal", [False, True])
 def test_search_space_keeps_the_default_flags(causal):
   """Only tiles, ring depth and the launch style vary; the backward and the forward flags stay
-  at default_config's values (a cached winner must not switch to the slower Mosaic backward)."""
+  at default_config's values (a cached winner must not switch the backward or a forward flag)."""
   from pallas_attn.mosaic import default_config
   base = default_config(head_dim=128, seq_k=4096, masked=causal)
   space = autotune.search_space(head_dim=128, seq_k=4096, causal=causal)
