@@ -102,9 +102,13 @@ def check(case, base: dict, variants: dict[str, dict], grads: bool = False) -> d
   return row
 
 
-def peers(causal: bool) -> dict:
-  fns = {"cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                               implementation="cudnn")}
+def peers(causal: bool, names=("cudnn", "tokamax")) -> dict:
+  fns = {}
+  if "cudnn" in names:
+    fns["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                               implementation="cudnn")
+  if "tokamax" not in names:
+    return fns
   try:
     import tokamax  # pylint: disable=import-outside-toplevel
     fns["tokamax"] = lambda q, k, v: tokamax.dot_product_attention(
@@ -123,6 +127,7 @@ def main():
   ap.add_argument("--causal", default="0,1", help="0 = full, 1 = causal")
   ap.add_argument("--budget-s", type=float, default=400.0)
   ap.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"))
+  ap.add_argument("--peers", default="cudnn,tokamax", help="peers timed in the same process")
   args = ap.parse_args()
   grads = args.mode == "fwdbwd"
   t0 = time.time()
@@ -158,7 +163,7 @@ def main():
       row = {"shape": [b, t, n, h], "causal": causal}
       fns = {name: (lambda q, k, v, cfg=cfg: flash_attention(
           q, k, v, causal=causal, implementation="mosaic", config=cfg)) for name, cfg in cfgs.items()}
-      fns.update(peers(causal))
+      fns.update(peers(causal, args.peers.split(",")))
       for name, fn in fns.items():
         try:
           row[f"{name}_ms"] = timing.measure(jax.jit(with_grads(fn) if grads else fn), args_,

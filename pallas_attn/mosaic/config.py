@@ -19,6 +19,10 @@ class Config:
     bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
       step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
       dK/dV consumer holds two fp32 [block_kv, H] accumulators.
+    bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
+      dQ: K and V per step, shallower where it would not fit in shared memory).
+    bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
+      take 128 where the dK/dV kernel, with two, cannot).
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -55,6 +59,8 @@ class Config:
   num_stages: int = 2
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
+  bwd_num_stages: int = 2
+  bwd_dq_block_kv: int = 64
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True
@@ -69,13 +75,14 @@ class Config:
       raise ValueError(f"Config.block_q must be 64 or 128, got {self.block_q}")
     if self.block_kv not in (64, 128, 256):
       raise ValueError(f"Config.block_kv must be 64, 128 or 256, got {self.block_kv}")
-    for f in ("bwd_block_q", "bwd_block_kv"):
+    for f in ("bwd_block_q", "bwd_block_kv", "bwd_dq_block_kv"):
       if getattr(self, f) not in (64, 128):
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
     if self.backward not in BACKWARDS:
       raise ValueError(f"Config.backward must be one of {BACKWARDS}, got {self.backward!r}")
-    if not 2 <= self.num_stages <= 4:
-      raise ValueError(f"Config.num_stages must be in [2, 4], got {self.num_stages}")
+    for f in ("num_stages", "bwd_num_stages"):
+      if not 2 <= getattr(self, f) <= 4:
+        raise ValueError(f"Config.{f} must be in [2, 4], got {getattr(self, f)}")
 
 
 def padded_head_dim(head_dim: int) -> int:

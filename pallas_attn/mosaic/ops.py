@@ -7,6 +7,7 @@ whose dK/dV tiles exceed shared memory (over 128), the Triton FA2 kernels on the
 from __future__ import annotations
 
 import dataclasses
+import math
 import functools
 
 import jax
@@ -103,7 +104,7 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   mask_kw = dict(causal=causal, scale=scale, window=window, softcap=softcap)
   st_dq, st_dkdv = _backward_statics(q, k, q_seg, kv_lengths, cfg=cfg, interpret=interpret,
                                      **mask_kw)
-  smem = max(kernels.smem_bytes(st=st_dq, head_dim=head_dim_padded, itemsize=2),
+  smem = max(dq_smem_bytes(st=st_dq, head_dim=head_dim_padded),
              backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded))
   if cfg.backward == "triton" or smem > SMEM_LIMIT_BYTES:
     # Chosen, or head dims over 128: the dK/dV tiles do not fit next to the Q/dO ring; FA2 kernels instead.
@@ -126,19 +127,41 @@ def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2
 
 def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
                       interpret):
-  """Statics of the dQ and dK/dV kernels (tiles, padded lengths, masks)."""
+  """Statics of the dQ and dK/dV kernels (tiles, padded lengths, masks).
+
+  T is padded to the CTA's 2 * bwd_block_q rows, S to a multiple of both the dK/dV CTA's
+  2 * bwd_block_kv keys and the dQ step's bwd_dq_block_kv. The dQ ring takes bwd_num_stages
+  stages, fewer where they would not fit in shared memory next to Q and dO.
+  """
   t, s = q.shape[1], k.shape[1]
-  bq, bkv = cfg.bwd_block_q, cfg.bwd_block_kv
-  tq, tk = _round_up(t, kernels.COMPUTE_WGS * bq), _round_up(s, kernels.COMPUTE_WGS * bkv)
+  bq, bkv, dq_bkv = cfg.bwd_block_q, cfg.bwd_block_kv, cfg.bwd_dq_block_kv
+  tq = _round_up(t, kernels.COMPUTE_WGS * bq)
+  tk = _round_up(s, math.lcm(kernels.COMPUTE_WGS * bkv, dq_bkv))
   left, right = masks.canonical_window(causal=causal, window=window)
   common = dict(scale=scale, softcap=softcap,
                 spec=masks.MaskSpec(left=left, right=right, offset=s - t),
                 has_kv_len=kv_lengths is not None or tk != s, has_segments=q_seg is not None,
-                groups=q.shape[2] // k.shape[2], num_stages=cfg.num_stages,
-                registers_pv=not interpret)
-  st_dq = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tk // bkv, **common)
-  st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq, **common)
+                groups=q.shape[2] // k.shape[2], registers_pv=not interpret)
+  hp = padded_head_dim(q.shape[-1])
+  stages = cfg.bwd_num_stages
+  while True:
+    st_dq = kernels.Statics(block_q=bq, block_kv=dq_bkv, num_kv_blocks=tk // dq_bkv,
+                            num_stages=stages, **common)
+    if stages == 2 or dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
+      break
+    stages -= 1
+  st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq,
+                            num_stages=cfg.bwd_num_stages, **common)
   return st_dq, st_dkdv
+
+
+def dq_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2) -> int:
+  """Shared memory of a dQ CTA: Q and dO per consumer plus the K/V ring."""
+  tiles = (2 * kernels.COMPUTE_WGS * st.block_q * head_dim
+           + 2 * st.num_stages * st.block_kv * head_dim)
+  if not st.registers_pv:
+    tiles += kernels.COMPUTE_WGS * st.block_q * st.block_kv
+  return tiles * itemsize + kernels.COMPUTE_WGS * st.block_q * 12 + 2048
 
 
 def _delta(do, out, dlse, block: int, interpret):
@@ -159,8 +182,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
-  bq, bkv = st_dq.block_q, st_dq.block_kv
-  tq, tk = st_dkdv.num_kv_blocks * bq, st_dq.num_kv_blocks * bkv
+  bq, bkv, dq_bkv = st_dkdv.block_q, st_dkdv.block_kv, st_dq.block_kv
+  tq, tk = st_dkdv.num_kv_blocks * bq, st_dq.num_kv_blocks * dq_bkv
 
   def pad(x, length):
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
@@ -184,7 +207,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
               else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
     common = dict(spec=st_dq.spec, seq_q=t, seq_k=s, batch=b, kv_lengths=kv_len,
                   q_segment_ids=q_seg, kv_segment_ids=kv_seg)
-    r_dq = masks.kv_block_ranges(block_q=kernels.COMPUTE_WGS * bq, block_k=bkv, **common)
+    r_dq = masks.kv_block_ranges(block_q=kernels.COMPUTE_WGS * bq, block_k=dq_bkv, **common)
     r_dq = jnp.pad(r_dq, ((0, 0), (0, tq // (kernels.COMPUTE_WGS * bq) - r_dq.shape[1]), (0, 0)))
     r_kv = masks.q_block_ranges(
         masks.kv_block_ranges(block_q=bq, block_k=kernels.COMPUTE_WGS * bkv, **common),
