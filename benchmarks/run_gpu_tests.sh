@@ -2,7 +2,8 @@
 # Run test files compiled on the GPU machine, one pytest per file, each under its own timeout,
 # with a JUnit XML per file in $OUT so that a timeout still leaves the names of what ran.
 #
-#   bash benchmarks/run_gpu_tests.sh [-m MARKEXPR] FILE...      (env: WORKERS, FILE_TIMEOUT_S)
+#   bash benchmarks/run_gpu_tests.sh [-m MARKEXPR] [-k KEYWORDS] FILE...
+#                                                             (env: WORKERS, FILE_TIMEOUT_S)
 #
 # Prints one summary line per file (passed/failed/errors/skipped from the XML) at the end.
 set -u
@@ -11,12 +12,19 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.." || exit 1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mark="not gpu"
-if [ "${1:-}" = "-m" ]; then mark="$2"; shift 2; fi
+keyword=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -m) mark="$2"; shift 2 ;;
+    -k) keyword=(-k "$2"); shift 2 ;;
+    *) break ;;
+  esac
+done
 for f in "$@"; do
   name="$(basename "$f" .py)"
   echo "=== $f  (-m \"$mark\", $(date +%T))"
   timeout -k 5 "${FILE_TIMEOUT_S:-300}" python3 -m pytest -v --maxfail=30 -p no:cacheprovider \
-      -n "${WORKERS:-12}" -m "$mark" "$f" --junitxml="$OUT/$name.xml" -rfE 2>&1 \
+      -n "${WORKERS:-12}" -m "$mark" ${keyword[@]+"${keyword[@]}"} "$f" --junitxml="$OUT/$name.xml" -rfE 2>&1 \
       | grep --line-buffered -v -i "warn" | tee "$OUT/$name.log"
 done
 python3 - "$OUT" <<'PY'
