@@ -11,6 +11,13 @@ that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
   query head of the K/V head's group and every visible Q block, the Q and dO tiles and the L2 / D
   vectors. The group's heads are summed inside the CTA in a fixed order: GQA/MQA gradients are
   deterministic, no atomics.
+* Fused dQ (``Config.bwd_fused_dq``, FA3 Section 3.3): the dK/dV kernel alone, also adding
+  scale * dS K into a float32 dQ accumulator (TMA reductions, so the summation order over K/V
+  tiles varies between runs); the dQ kernel and its recomputation of S and dP are skipped.
+
+Compiled, the consumers take 232 registers (the producer 40) and keep their wgmmas in flight:
+S and dP are issued together and P is computed while dP runs, dV += P^T dO is issued before
+dS^T is formed (FA3 Section 3.3's overlap of the softmax with the matmuls).
 
 Interpret mode (no register wgmma operands, no ``run_state`` accumulators in JAX 0.11.2's
 interpreter) stages P^T / dS through shared memory and adds each block's product to a register
@@ -28,6 +35,7 @@ from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, kv_fetcher,
                                         tile_ranges)
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+_TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
 
 
 def _logits2(s, st: Statics):
@@ -226,17 +234,29 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 # dK, dV
 # ----------------------------------------------------------------------------------------------
 
-def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
-  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg], dk, dv, smem, barriers.
+def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = ""):
+  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, dq_acc], dk, dv[, dq_parts], smem,
+  barriers.
 
   Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
+  ``dq_sink`` (the fused dQ of FA3 Section 3.3, see ``_dq_update``): "" = no dQ here (the dQ
+  kernel computes it); "reduce" = fp32 partials added into the mutable ``dq_acc`` [B, T, N, H]
+  input by TMA reductions (compiled); "partials" = each K/V tile's partial written to its own
+  slice of ``dq_parts`` [tiles, B, T, N, H] and summed outside (interpret mode, whose TMA has
+  no reductions).
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
-  dk_ref, dv_ref, smem, bars = rest
+  dq_sink_ref = None
+  if dq_sink == "reduce":
+    dq_sink_ref, dk_ref, dv_ref, smem, bars = rest
+  elif dq_sink == "partials":
+    dk_ref, dv_ref, dq_sink_ref, smem, bars = rest
+  else:
+    dk_ref, dv_ref, smem, bars = rest
   (k_smem2, v_smem2, q_smem, do_smem, rows_smem, meta_smem, kvseg_smem2, qseg_smem,
-   pt_smem2) = smem
-  q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free = bars
+   pt_smem2, ds_smem, dqt_smem) = smem
+  q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free, dq_sync = bars
   batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
                           lax.axis_index("kv_seq"))
   wg = lax.axis_index("wg")
@@ -292,6 +312,37 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
         dst = jnp.where(mask, dst, 0.0)
       return dst.astype(k_smem.dtype)
 
+    def dq_update(n, i, dst):
+      """dQ_i += dS_i K for this CTA's keys (FA3 Section 3.3: dQ from the dK/dV kernel, no
+      recomputation of S and dP). Both consumers put dS^T in SMEM (double-buffered by step
+      parity) and meet; consumer w then computes dQ_i[:, w-th H/2 columns] over the CTA's
+      2 * block_kv keys, as two wgmmas with the transposed dS tiles as A, and hands the fp32
+      [block_q, H/2] partial to the TMA engine (one reduction per step and consumer)."""
+      step_no = n * per_head + (i - lo)
+      buf = lax.rem(step_no, 2)
+      ds_smem.at[buf, wg][...] = dst
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(dq_sync)            # both dS^T halves written ...
+      plgpu.barrier_wait(dq_sync)              # ... and (two steps ago) read by the other side
+      half = k_smem.shape[-1] // COMPUTE_WGS
+      cols = pl.ds(wg * half, half)
+
+      def body(acc_ref):
+        for w in range(COMPUTE_WGS):
+          plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
+        return acc_ref[...]
+      part = pl.run_scoped(body, plgpu.ACC((bq, half), jnp.float32))
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # last step's partial has left SMEM
+      dqt_smem.at[wg][...] = part
+      plgpu.commit_smem()
+      head = kv_head * st.groups + n
+      rows = pl.ds(i * bq, bq)
+      if dq_sink == "reduce":
+        plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[batch, rows, head, cols],
+                                reduction_op="add")
+      else:
+        plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[tile, batch, rows, head, cols])
+
     def wait_inputs(slot):
       plgpu.barrier_wait(q_ready.at[slot])
       plgpu.barrier_wait(rows_ready.at[slot])
@@ -310,8 +361,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
                        registers=st.registers_pv)
       dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
       plgpu.barrier_arrive(do_free.at[slot])
-      dk = _matmul_acc(dk, grad_logits_t(pt, dpt, delta, t, mask), q_smem.at[slot], pt_smem,
-                       registers=st.registers_pv)
+      dst = grad_logits_t(pt, dpt, delta, t, mask)
+      dk = _matmul_acc(dk, dst, q_smem.at[slot], pt_smem, registers=st.registers_pv)
+      if dq_sink:
+        dq_update(n, i, dst)
       plgpu.barrier_arrive(q_free.at[slot])
       return dk, dv
 
@@ -337,6 +390,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       acc = plgpu.ACC(shape, jnp.float32)
       dst = pl.run_scoped(scores, acc, acc)
       plgpu.wgmma(dk_acc, dst, q_smem.at[slot])
+      if dq_sink:
+        dq_update(n, i, dst)                    # waits for every wgmma in flight
       plgpu.wgmma_wait(1)                       # dV done: dO's slot can be refilled
       plgpu.barrier_arrive(do_free.at[slot])
       plgpu.wgmma_wait(0)
@@ -359,6 +414,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       def per_group_head(n, carry):
         return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
+    if dq_sink:   # the other consumer's last dQ wgmma reads this K tile: meet before dK goes there
+      plgpu.barrier_arrive(dq_sync)
+      plgpu.barrier_wait(dq_sync)
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
@@ -423,7 +481,7 @@ def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   return smem, bars
 
 
-def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
+def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False):
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   smem = (
       plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # K, then dK
@@ -435,6 +493,10 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
       plgpu.SMEM((COMPUTE_WGS, bkv), jnp.int32) if st.has_segments else None,
       plgpu.SMEM((stages, bq), jnp.int32) if st.has_segments else None,
       None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED),
+      # Fused dQ: dS^T of both consumers, double-buffered, and each consumer's fp32 partial.
+      plgpu.SMEM((2, COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED) if fused_dq else None,
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim // COMPUTE_WGS), jnp.float32,
+                 transforms=_TILED_F32) if fused_dq else None,
   )
   bars = (
       plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
@@ -443,5 +505,6 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
       plgpu.Barrier(num_barriers=1),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS) if fused_dq else None,          # dQ rendezvous
   )
   return smem, bars

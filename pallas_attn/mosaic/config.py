@@ -23,6 +23,12 @@ class Config:
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
       take 128 where the dK/dV kernel, with two, cannot).
+    bwd_fused_dq: dQ from the dK/dV kernel (FA3 Section 3.3) instead of a separate dQ kernel
+      that recomputes S and dP: 5 matmuls per block instead of 7, paid for with a float32 dQ
+      partial per (Q block, K/V tile) added into a global accumulator by TMA reductions.
+      Head dims 128/256 (padded), no shard_map-varying operands; otherwise the two kernels.
+      Floating-point addition order then varies from run to run (not bitwise deterministic).
+      Interpret-tested; not yet measured on the H200, so off.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -61,6 +67,7 @@ class Config:
   bwd_block_kv: int = 64
   bwd_num_stages: int = 2
   bwd_dq_block_kv: int = 64
+  bwd_fused_dq: bool = False
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True

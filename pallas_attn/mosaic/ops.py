@@ -104,8 +104,9 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   mask_kw = dict(causal=causal, scale=scale, window=window, softcap=softcap)
   st_dq, st_dkdv = _backward_statics(q, k, q_seg, kv_lengths, cfg=cfg, interpret=interpret,
                                      **mask_kw)
-  smem = max(dq_smem_bytes(st=st_dq, head_dim=head_dim_padded),
-             backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded))
+  fused = fused_dq_served(cfg, st_dkdv, head_dim_padded, q, k, v, do)
+  smem = max(0 if fused else dq_smem_bytes(st=st_dq, head_dim=head_dim_padded),
+             backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded, fused_dq=fused))
   if cfg.backward == "triton" or smem > SMEM_LIMIT_BYTES:
     # Chosen, or head dims over 128: the dK/dV tiles do not fit next to the Q/dO ring; FA2 kernels instead.
     dq, dk, dv = triton_ops.backward(
@@ -113,16 +114,33 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
         kv_lengths=kv_lengths, interpret=bool(interpret), **mask_kw)
   else:
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
-                           st_dkdv, hp=head_dim_padded, interpret=interpret)
+                           st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused)
   return dq, dk, dv, None, None, None
 
 
-def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2) -> int:
-  """Shared memory of a dK/dV CTA: its K/V tiles plus the Q/dO/rows ring."""
+def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2,
+                        fused_dq: bool = False) -> int:
+  """Shared memory of a dK/dV CTA: its K/V tiles plus the Q/dO/rows ring (and, with the fused
+  dQ, two buffers of both consumers' dS^T and their fp32 dQ partials)."""
   tiles = 2 * kernels.COMPUTE_WGS * st.block_kv * head_dim + 2 * st.num_stages * st.block_q * head_dim
   if not st.registers_pv:
     tiles += kernels.COMPUTE_WGS * st.block_kv * st.block_q
-  return tiles * itemsize + st.num_stages * st.block_q * 12 + 2048
+  extra = 0
+  if fused_dq:
+    tiles += 2 * kernels.COMPUTE_WGS * st.block_kv * st.block_q
+    extra = st.block_q * head_dim * 4
+  return tiles * itemsize + extra + st.num_stages * st.block_q * 12 + 2048
+
+
+def fused_dq_served(cfg: Config, st: kernels.Statics, hp: int, *arrays) -> bool:
+  """Whether ``cfg.bwd_fused_dq`` can be honoured: each consumer takes H/2 columns of dQ (whole
+  64-column swizzle rows, so H = 128 or 256), the tiles fit in shared memory, and no operand
+  varies over a shard_map axis (the accumulator is a fresh mutable buffer)."""
+  if not cfg.bwd_fused_dq or hp % (64 * kernels.COMPUTE_WGS):
+    return False
+  if any(vma(x) for x in arrays):
+    return False
+  return backward_smem_bytes(st=st, head_dim=hp, fused_dq=True) <= SMEM_LIMIT_BYTES
 
 
 def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
@@ -178,8 +196,11 @@ def _delta(do, out, dlse, block: int, interpret):
 
 
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
-              st_dkdv: kernels.Statics, *, hp: int, interpret):
-  """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``."""
+              st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False):
+  """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
+  kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
+  accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
+  partial per K/V tile, summed here)."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
   bq, bkv, dq_bkv = st_dkdv.block_q, st_dkdv.block_kv, st_dq.block_kv
@@ -215,7 +236,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
-  def call(kernel, scratch, grid, names, out_type, meta):
+  def call(kernel, scratch, grid, names, out_type, meta, extra_inputs=()):
     inputs = base + ([meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
@@ -223,20 +244,48 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=names,
         num_threads=kernels.COMPUTE_WGS + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=plgpu.InterpretGPUParams() if interpret else None)(*inputs)
+        interpret=plgpu.InterpretGPUParams() if interpret else None)(*inputs, *extra_inputs)
     return match_vma(list(outs), axes) if axes else list(outs)
 
-  (dq,) = call(functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
-               backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
-               (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
-               (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
-  dk, dv = call(functools.partial(backward.dkdv_kernel, st=st_dkdv, has_meta=has_meta,
-                                  num_q_blocks=tq // bq),
-                backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
-                (kh, tk // (kernels.COMPUTE_WGS * bkv), b), ("heads", "kv_seq", "batch"),
-                (jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
-                 jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)), meta_dkdv)
+  kv_tiles = tk // (kernels.COMPUTE_WGS * bkv)
+  dkdv_out = [jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
+              jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)]
+  dkdv_kw = dict(st=st_dkdv, has_meta=has_meta, num_q_blocks=tq // bq)
+  dkdv_scratch = backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
+                                       fused_dq=fused_dq)
+  dkdv_grid = ((kh, kv_tiles, b), ("heads", "kv_seq", "batch"))
+  if not fused_dq:
+    (dq,) = call(functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
+                 backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
+                 (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
+                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
+    dk, dv = call(functools.partial(backward.dkdv_kernel, **dkdv_kw), dkdv_scratch, *dkdv_grid,
+                  tuple(dkdv_out), meta_dkdv)
+  elif interpret:
+    dk, dv, parts = call(functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
+                         dkdv_scratch, *dkdv_grid,
+                         (*dkdv_out, jax.ShapeDtypeStruct((kv_tiles, b, tq, n, hp), jnp.float32)),
+                         meta_dkdv)
+    # Tiles that never see a Q block leave their slice unwritten: mask by the visited ranges.
+    visited = _visited_parts(meta_dkdv, kv_tiles=kv_tiles, b=b, tq=tq, bq=bq)
+    dq = (jnp.sum(jnp.where(visited, parts, 0.0), axis=0) * st_dkdv.scale).astype(q.dtype)
+  else:
+    acc = jax.new_ref(jnp.zeros((b, tq, n, hp), jnp.float32))
+    dk, dv = call(functools.partial(backward.dkdv_kernel, dq_sink="reduce", **dkdv_kw),
+                  dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv, extra_inputs=(acc,))
+    dq = (acc[...] * st_dkdv.scale).astype(q.dtype)
   return dq[:, :t, :, :h], dk[:, :s, :, :h], dv[:, :s, :, :h]
+
+
+def _visited_parts(meta, *, kv_tiles: int, b: int, tq: int, bq: int):
+  """[tiles, B, T, 1, 1] mask: row block i of batch b was visited by K/V tile j (its Q block
+  range [lo, hi) from the metadata; every block when there is none)."""
+  if meta is None:
+    return jnp.ones((kv_tiles, b, tq, 1, 1), bool)
+  blk = jnp.arange(tq) // bq                                   # [T]
+  lo = jnp.moveaxis(meta[..., 0], 1, 0)[..., None]             # [tiles, B, 1]
+  hi = jnp.moveaxis(meta[..., 3], 1, 0)[..., None]
+  return ((blk >= lo) & (blk < hi))[..., None, None]
 
 
 def _with_kv_len(ranges, kv_len):

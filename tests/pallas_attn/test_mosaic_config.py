@@ -91,7 +91,8 @@ def test_compiled_form_lowers_for_sm90(h, kw, form):
   assert "mosaic_gpu" in text                        # one Mosaic GPU custom call
 
 
-BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128, bwd_num_stages=3)}
+BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128, bwd_num_stages=3),
+               "fused_dq": Config(bwd_fused_dq=True)}
 
 
 @pytest.mark.parametrize("cfg_name", list(BWD_CONFIGS))
@@ -114,15 +115,18 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
   assert st_dq.registers_pv and st_dkdv.registers_pv
   assert st_dq.block_kv == BWD_CONFIGS[cfg_name].bwd_dq_block_kv
   assert ops.dq_smem_bytes(st=st_dq, head_dim=padded_head_dim(h)) <= ops.SMEM_LIMIT_BYTES
+  fused = ops.fused_dq_served(BWD_CONFIGS[cfg_name], st_dkdv, padded_head_dim(h))
+  assert fused == (cfg_name == "fused_dq" and padded_head_dim(h) == 128)
   bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
-                          interpret=False)
+                          interpret=False, fused_dq=fused)
   # The D pre-pass is a Pallas Triton kernel: its lowering needs a (here abstract) H200.
   dev = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
                                                                 abstract_device=dev)):
     lowered = jax.jit(bwd).trace(q, k, k, out, lse, do, lse, qs, ks, lens).lower(
         lowering_platforms=("cuda",))
-  assert lowered.as_text().count("mosaic_gpu") >= 2             # dQ and dK/dV kernels
+  text = lowered.as_text()
+  assert text.count("mosaic_gpu") >= (1 if fused else 2)      # (dQ and) dK/dV kernels
 
 
 @pytest.mark.parametrize("h", [64, 128])
@@ -195,6 +199,46 @@ def test_backward_tiles_differ_between_dq_and_dkdv_in_interpret_mode(kw):
                                               interpret=True, **kw), q, k, v)
   want = grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
                                                    **kw),
+               *(x.astype(jnp.float32) for x in (q, k, v)))
+  for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):
+    err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
+    assert err < 2e-2, (name, err)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(30, 5), softcap=20.0,
+                                                        segments=True, kv_lengths=True),
+                                dict()], ids=["causal", "window_softcap_seg_len", "full"])
+def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, monkeypatch):
+  """``bwd_fused_dq``: dQ from the dK/dV kernel (interpret mode: per-tile partials summed
+  outside; compiled: TMA reductions). GQA 4:2 with T, S off the tile; the separate dQ kernel
+  must not run."""
+  from pallas_attn import reference
+  from pallas_attn.mosaic import backward
+
+  def no_dq_kernel(*a, **k):
+    raise AssertionError("the dQ kernel ran although bwd_fused_dq was served")
+  monkeypatch.setattr(backward, "dq_kernel", no_dq_kernel)
+  b, t, s, n, kh, h = 2, 150, 200, 4, 2, 128
+  keys = jax.random.split(jax.random.key(7), 4)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
+  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
+  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
+  if kw.get("segments"):
+    extra["q_segment_ids"] = (jnp.arange(t)[None] * 3 // t).repeat(b, 0)
+    extra["kv_segment_ids"] = (jnp.arange(s)[None] * 3 // s).repeat(b, 0)
+  if kw.get("kv_lengths"):
+    extra["kv_lengths"] = jnp.array([s, 77], jnp.int32)
+  cfg = Config(block_kv=64, bwd_fused_dq=True, backward="mosaic")
+
+  def grads(fn, *xs):
+    out, vjp = jax.vjp(fn, *xs)
+    return (out, *vjp(do.astype(out.dtype)))
+  got = grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                              interpret=True, **extra), q, k, v)
+  want = grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
+                                                   **extra),
                *(x.astype(jnp.float32) for x in (q, k, v)))
   for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):
     err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
