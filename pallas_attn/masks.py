@@ -68,7 +68,9 @@ def and_masks(*masks: jax.Array | None) -> jax.Array | None:
 def _key_spans(q_first, q_last, *, spec: MaskSpec, seq_k: int):
   """Keys [lo_key, hi_key) visible to some query in [q_first, q_last] and [lo_all, hi_all)
   visible to all of them (position mask only); every bound clipped to [0, seq_k]."""
-  zero = jnp.zeros_like(q_first)
+  # q_first * 0 rather than zeros_like: under a mesh context zeros_like emits a `reshard` of a
+  # literal, which the Mosaic GPU lowering cannot take (this also runs inside kernels).
+  zero = q_first * 0
   lo_key = lo_all = zero
   hi_key = hi_all = zero + seq_k                         # exclusive
   if spec.left is not None:
