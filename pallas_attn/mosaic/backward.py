@@ -317,31 +317,41 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       recomputation of S and dP). Both consumers put dS^T in SMEM (double-buffered by step
       parity) and meet; consumer w then computes dQ_i[:, w-th H/2 columns] over the CTA's
       2 * block_kv keys, as two wgmmas with the transposed dS tiles as A, and hands the fp32
-      [block_q, H/2] partial to the TMA engine (one reduction per step and consumer)."""
+      [block_q, H/2] partial to the TMA engine (one reduction per step and consumer). At H = 64
+      the consumers alternate, each computing all 64 columns on every other step."""
       step_no = n * per_head + (i - lo)
       buf = lax.rem(step_no, 2)
       ds_smem.at[buf, wg][...] = dst
       plgpu.commit_smem()
       plgpu.barrier_arrive(dq_sync)            # both dS^T halves written ...
       plgpu.barrier_wait(dq_sync)              # ... and (two steps ago) read by the other side
-      half = k_smem.shape[-1] // COMPUTE_WGS
-      cols = pl.ds(wg * half, half)
+      hd = k_smem.shape[-1]
+      # H >= 128: each consumer takes H/2 columns (whole 128-byte swizzle rows of K). H = 64
+      # cannot be split that way, so the consumers take whole steps in turn (by step parity).
+      split = hd % (64 * COMPUTE_WGS) == 0
+      width = hd // COMPUTE_WGS if split else hd
+      cols = pl.ds(wg * width if split else 0, width)
 
-      def body(acc_ref):
-        for w in range(COMPUTE_WGS):
-          plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
-        return acc_ref[...]
-      part = pl.run_scoped(body, plgpu.ACC((bq, half), jnp.float32))
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # last step's partial has left SMEM
-      dqt_smem.at[wg][...] = part
-      plgpu.commit_smem()
-      head = kv_head * st.groups + n
-      rows = pl.ds(i * bq, bq)
-      if dq_sink == "reduce":
-        plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[batch, rows, head, cols],
-                                reduction_op="add")
+      def partial_dq():
+        def body(acc_ref):
+          for w in range(COMPUTE_WGS):
+            plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
+          return acc_ref[...]
+        part = pl.run_scoped(body, plgpu.ACC((bq, width), jnp.float32))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # last partial has left SMEM
+        dqt_smem.at[wg][...] = part
+        plgpu.commit_smem()
+        head = kv_head * st.groups + n
+        rows = pl.ds(i * bq, bq)
+        if dq_sink == "reduce":
+          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[batch, rows, head, cols],
+                                  reduction_op="add")
+        else:
+          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[tile, batch, rows, head, cols])
+      if split:
+        partial_dq()
       else:
-        plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[tile, batch, rows, head, cols])
+        pl.when(buf == wg)(partial_dq)
 
     def wait_inputs(slot):
       plgpu.barrier_wait(q_ready.at[slot])
@@ -481,6 +491,11 @@ def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   return smem, bars
 
 
+def _dq_width(head_dim: int) -> int:
+  """Columns of dQ one consumer computes per fused step (see ``dq_update``)."""
+  return head_dim // COMPUTE_WGS if head_dim % (64 * COMPUTE_WGS) == 0 else head_dim
+
+
 def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False):
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   smem = (
@@ -495,7 +510,7 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
       None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED),
       # Fused dQ: dS^T of both consumers, double-buffered, and each consumer's fp32 partial.
       plgpu.SMEM((2, COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED) if fused_dq else None,
-      plgpu.SMEM((COMPUTE_WGS, bq, head_dim // COMPUTE_WGS), jnp.float32,
+      plgpu.SMEM((COMPUTE_WGS, bq, _dq_width(head_dim)), jnp.float32,
                  transforms=_TILED_F32) if fused_dq else None,
   )
   bars = (

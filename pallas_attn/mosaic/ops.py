@@ -128,15 +128,16 @@ def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2
   extra = 0
   if fused_dq:
     tiles += 2 * kernels.COMPUTE_WGS * st.block_kv * st.block_q
-    extra = st.block_q * head_dim * 4
+    extra = kernels.COMPUTE_WGS * st.block_q * backward._dq_width(head_dim) * 4
   return tiles * itemsize + extra + st.num_stages * st.block_q * 12 + 2048
 
 
 def fused_dq_served(cfg: Config, st: kernels.Statics, hp: int, *arrays) -> bool:
-  """Whether ``cfg.bwd_fused_dq`` can be honoured: each consumer takes H/2 columns of dQ (whole
-  64-column swizzle rows, so H = 128 or 256), the tiles fit in shared memory, and no operand
-  varies over a shard_map axis (the accumulator is a fresh mutable buffer)."""
-  if not cfg.bwd_fused_dq or hp % (64 * kernels.COMPUTE_WGS):
+  """Whether ``cfg.bwd_fused_dq`` can be honoured: padded head dim 64 (consumers alternate steps)
+  or 128 / 256 (each takes H/2 columns: whole 64-column swizzle rows), the tiles fit in shared
+  memory, and no operand varies over a shard_map axis (the accumulator is a fresh mutable
+  buffer)."""
+  if not cfg.bwd_fused_dq or hp not in (64, 128, 256):
     return False
   if any(vma(x) for x in arrays):
     return False
