@@ -67,8 +67,12 @@ def test_column_and_row_layouts():
   h = T.column_parallel(x, w_up, mesh=mesh)
   assert h.sharding.spec[-1] == "tensor"
   assert h.addressable_shards[0].data.shape == (4, 8, 64 // 8)
-  # Column parallel has no reduction: bitwise equal to the dense matmul.
-  np.testing.assert_array_equal(np.asarray(h), np.asarray(jax.jit(jnp.matmul)(x, w_up)))
+  # Column parallel has no cross-device reduction, so it matches the dense matmul to float32
+  # rounding of one K = 16 dot product. Not bitwise: XLA:CPU may pick a different GEMM kernel
+  # (and K summation order) for the 8-column shards than for the 64-column matrix; a fresh-clone
+  # CI run saw last-bit differences (max 4.8e-7) where earlier runs were bitwise equal.
+  np.testing.assert_allclose(np.asarray(h), np.asarray(jax.jit(jnp.matmul)(x, w_up)),
+                             rtol=1e-6, atol=2e-6)
   y = T.row_parallel(h, w_down, mesh=mesh, sequence_parallel=True)
   assert y.addressable_shards[0].data.shape == (4, 1, 16)
   np.testing.assert_allclose(y, (x @ w_up) @ w_down, rtol=1e-5, atol=1e-5)
