@@ -1,14 +1,16 @@
 """``plgpu.kernel`` wrapper, padding and custom VJP of the Mosaic GPU (FlashAttention-3) backend.
 
 Forward: ``kernels.fwd_kernel`` (TMA ring + two ping-ponging wgmma consumers). Backward:
-``backward.dq_kernel`` and ``backward.dkdv_kernel`` (wgmma, deterministic GQA sums); at head dims
-whose dK/dV tiles exceed shared memory (over 128), the Triton FA2 kernels on the same residuals.
+``backward.dq_kernel`` and ``backward.dkdv_kernel`` (wgmma, deterministic GQA sums), or with
+``Config.bwd_fused_dq`` the dK/dV kernel alone, dQ reduced into a float32 accumulator; at head
+dims whose dK/dV tiles exceed shared memory (over 128), the Triton FA2 kernels on the same
+residuals.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
