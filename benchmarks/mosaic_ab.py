@@ -128,6 +128,8 @@ def main():
   ap.add_argument("--budget-s", type=float, default=400.0)
   ap.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"))
   ap.add_argument("--peers", default="cudnn,tokamax", help="peers timed in the same process")
+  ap.add_argument("--cases", default="", help="indices into the smoke CASES to check (default: "
+                  "all; with --mode fwdbwd each case compiles a backward per config)")
   args = ap.parse_args()
   grads = args.mode == "fwdbwd"
   t0 = time.time()
@@ -138,7 +140,8 @@ def main():
              "correctness": [],
              "rows": []}
   bad = set()
-  for case in CASES:
+  cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
+  for case in cases:
     row = check(case, base, variants, grads)
     for name in ("base", *variants):
       if f"{name}_error" in row or row.get(f"{name}_err", 1.0) > TOL:
