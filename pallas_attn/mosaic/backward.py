@@ -46,6 +46,17 @@ def _logits2(s, st: Statics):
   return t * (st.softcap * LOG2E), t
 
 
+def _grad_logits(p, dp, delta, t, mask, dtype):
+  """dS = P (dP - D) (1 - t^2 with a softcap), zero where masked, in the matmul dtype.
+  ``delta`` is already broadcast to the tile (rows for dS, columns for the transposed dS^T)."""
+  ds = p * (dp - delta)
+  if t is not None:
+    ds = ds * (1.0 - t * t)
+  if mask is not None:
+    ds = jnp.where(mask, ds, 0.0)
+  return ds.astype(dtype)
+
+
 def _tile_mask(q_pos, k_pos, kv_len, q_seg, kv_seg, st: Statics):
   mask = masks.position_mask(q_pos, k_pos, st.spec)
   if st.has_kv_len:
@@ -115,7 +126,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
     # Register reallocation as in the forward: without it each of the 3 x 128 threads gets at most
-    # 168 registers and the consumers (two fp32 accumulators + S and dP) spill.
+    # 168 registers, too few for a consumer's fp32 accumulator(s) next to S and dP.
     plgpu.set_max_registers(232, action="increase")
     q_start = tile * (COMPUTE_WGS * bq) + wg * bq
     rows = pl.ds(q_start, bq)
@@ -160,13 +171,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       return p, t, mask
 
     def grad_logits(p, dp, t, mask):
-      """dS = P (dP - D) (1 - t^2), zero where masked."""
-      ds = p * (dp - lax.broadcast_in_dim(delta, shape, [0]))
-      if t is not None:
-        ds = ds * (1.0 - t * t)
-      if mask is not None:
-        ds = jnp.where(mask, ds, 0.0)
-      return ds.astype(q_smem.dtype)
+      return _grad_logits(p, dp, lax.broadcast_in_dim(delta, shape, [0]), t, mask, q_smem.dtype)
 
     def step(j, dq, masked: bool):
       """Interpret form: one synchronous wgmma at a time, dS staged through SMEM."""
@@ -239,7 +244,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   barriers.
 
   Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
-  ``dq_sink`` (the fused dQ of FA3 Section 3.3, see ``_dq_update``): "" = no dQ here (the dQ
+  ``dq_sink`` (the fused dQ of FA3 Section 3.3, see ``dq_update`` below): "" = no dQ here (the dQ
   kernel computes it); "reduce" = fp32 partials added into the mutable ``dq_acc`` [B, T, N, H]
   input by TMA reductions (compiled); "partials" = each K/V tile's partial written to its own
   slice of ``dq_parts`` [tiles, B, T, N, H] and summed outside (interpret mode, whose TMA has
@@ -305,12 +310,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       return pt, delta, t, mask
 
     def grad_logits_t(pt, dpt, delta, t, mask):
-      dst = pt * (dpt - delta)
-      if t is not None:
-        dst = dst * (1.0 - t * t)
-      if mask is not None:
-        dst = jnp.where(mask, dst, 0.0)
-      return dst.astype(k_smem.dtype)
+      return _grad_logits(pt, dpt, delta, t, mask, k_smem.dtype)
 
     def dq_update(n, i, dst):
       """dQ_i += dS_i K for this CTA's keys (FA3 Section 3.3: dQ from the dK/dV kernel, no
