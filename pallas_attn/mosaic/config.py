@@ -59,6 +59,11 @@ class Config:
       next Q is loaded while O is written. Served when no per-tile metadata is needed (no mask,
       or ``computed_ranges``), without segment ids or ``overlap``, and when Q and O buffers fit
       in SMEM next to the ring; otherwise the one-CTA-per-tile grid runs.
+    dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
+      tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
+      static deal. Compiled only for the atomic (interpret mode publishes the round-robin
+      successor through the same hand-over). Not under shard_map-varying operands (the
+      static deal runs there).
   """
   block_q: int = 64
   block_kv: int = 128
@@ -76,6 +81,7 @@ class Config:
   no_auto_barriers: bool = False
   computed_ranges: bool = True
   persistent: bool = False
+  dynamic_schedule: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

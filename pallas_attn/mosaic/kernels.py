@@ -8,7 +8,7 @@ One CTA computes ``2 * block_q`` query rows of one (batch, head) with three warp
   (``k_free`` / ``v_free`` barriers, two arrivals each);
 * warpgroups 0 and 1, the *consumers*, each own ``block_q`` rows. Per K/V block: S = Q K^T with
   wgmma (Q and K in SMEM), mask, online softmax in registers (exp2 with the scale folded in), then
-  O += P V with wgmma. A shared ``schedule`` barrier makes the two consumers take turns on the
+  O += P V with wgmma. A shared ``turns`` barrier makes the two consumers take turns on the
   tensor cores, so one warpgroup's softmax overlaps the other's matmuls (FA3 "ping-pong",
   Section 3.1, Fig. 1).
 
@@ -37,7 +37,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic import overlap
+from pallas_attn.mosaic import overlap, schedule
 
 LOG2E = math.log2(math.e)
 WG_THREADS = 128
@@ -73,6 +73,8 @@ class Statics:
   persistent: bool = False      # num_ctas CTAs loop over the num_tiles (batch, head, q) tiles
   num_ctas: int = 0
   num_tiles: int = 0
+  dynamic: bool = False         # persistent: tiles claimed from a global counter (schedule.py)
+  atomic_counter: bool = False  # dynamic: the counter's fetch-add (compiled); else round-robin
 
   @property
   def any_mask(self) -> bool:
@@ -120,15 +122,21 @@ def fwd_kernel(*refs, st: Statics, has_meta: bool):
     meta_ref, pos = refs[pos], pos + 1
   if st.has_segments:
     q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
+  counter_ref = None
+  if st.dynamic:
+    counter_ref, pos = refs[pos], pos + 1
   o_ref, lse_ref = refs[pos], refs[pos + 1]
   smem, bars = refs[pos + 2], refs[pos + 3]
-  _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, smem, bars, st)
+  _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
+        bars, st)
 
 
-def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, smem, bars,
-          st: Statics):
-  q_smem2, o_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2 = smem
-  (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, schedule) = bars
+def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
+          bars, st: Statics):
+  (q_smem2, o_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2,
+   sched_smem) = smem
+  (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, turns, tile_ready,
+   tile_free) = bars
   wg = lax.axis_index("wg")
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   n_tiles = q_ref.shape[1] // (COMPUTE_WGS * bq)
@@ -139,38 +147,60 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     # short tiles fill the tail of the grid instead of a long one running alone at the end.
     return n_tiles - 1 - tile if st.spec.right is not None else tile
 
+  # Persistent launches number the tiles ("flat" indices) and give each CTA a sequence of them:
+  # ``flat_of(i)`` is local tile i of a static deal, ``coords(flat)`` its (batch, head, tile).
+  cta = lax.axis_index("sm") if st.persistent else None
   if st.persistent and st.spec.is_trivial:
     # One CTA per SM walks the (batch, head, tile) space with stride num_ctas, tile fastest, so
     # that the CTAs running together read the same heads' K/V (L2 reuse). Between tiles the
     # producer runs ahead into the next tile's K/V and the consumers prefetch the next Q while
     # they write O: no CTA launch, Q latency or pipeline fill per tile.
-    cta = lax.axis_index("sm")
     num_local = lax.div(st.num_tiles - 1 - cta, jnp.int32(st.num_ctas)) + 1
+    flat_of = lambda i: cta + i * st.num_ctas
 
-    def coords(i):
-      flat = cta + i * st.num_ctas
+    def coords(flat):
       bh, tile = lax.div(flat, jnp.int32(n_tiles)), lax.rem(flat, jnp.int32(n_tiles))
       return lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)), tile
   elif st.persistent:
-    # Masked: tiles differ in length (up to n_tiles-fold for causal), so a plain round-robin
-    # leaves SMs idle at the end. Order the tiles by rank (heaviest first, every (batch, head)
-    # of a rank together, as the one-CTA-per-tile grid launches them) and deal each round of
-    # num_ctas tiles in alternating directions ("snake"), so every CTA's total stays close.
-    cta, ctas = lax.axis_index("sm"), st.num_ctas
+    # Masked: tiles differ in length (up to n_tiles-fold for causal). Number them by rank
+    # (heaviest first, every (batch, head) of a rank together, as the one-CTA-per-tile grid
+    # launches them). ``st.dynamic``: each CTA claims its next tile from a global counter
+    # (schedule.py). Otherwise deal each round of num_ctas tiles in alternating directions
+    # ("snake"), so every CTA's total stays close; a static deal still leaves SMs idle.
+    ctas = st.num_ctas
     rounds, rest = divmod(st.num_tiles, ctas)
     extra = cta < rest if rounds % 2 == 0 else cta >= ctas - rest
     num_local = rounds + extra.astype(jnp.int32)
     bh_count = st.num_tiles // n_tiles
+    flat_of = lambda i: i * ctas + jnp.where(lax.rem(i, 2) == 0, cta, ctas - 1 - cta)
 
-    def coords(i):
-      flat = i * ctas + jnp.where(lax.rem(i, 2) == 0, cta, ctas - 1 - cta)
+    def coords(flat):
       rank, bh = lax.div(flat, jnp.int32(bh_count)), lax.rem(flat, jnp.int32(bh_count))
       return (lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)),
               heavy_first(rank))
   else:
-    num_local = 1
-    coords = lambda i: (lax.axis_index("batch"), lax.axis_index("heads"),
+    num_local = flat_of = None
+    coords = lambda _: (lax.axis_index("batch"), lax.axis_index("heads"),
                         heavy_first(lax.axis_index("q_seq")))
+  queue = dict(slots=sched_smem, ready=tile_ready, free=tile_free)
+
+  def tile_loop(tile_body):
+    """Runs ``tile_body(i, flat, base) -> (base, next_flat)`` over this CTA's tiles; ``base``
+    counts the K/V blocks consumed before tile i (the ring position). Returns the final base
+    and the number of tiles run."""
+    if not st.persistent:
+      return tile_body(0, jnp.int32(0), jnp.int32(0))[0], 1
+    if st.dynamic:
+      def body(carry):
+        i, flat, base = carry
+        base, nxt = tile_body(i, flat, base)
+        return i + 1, nxt, base
+      i, _, base = lax.while_loop(lambda c: c[1] < st.num_tiles, body,
+                                  (jnp.int32(0), cta, jnp.int32(0)))
+      return base, i
+    base = lax.fori_loop(0, num_local, lambda i, base: tile_body(i, flat_of(i), base)[0],
+                         jnp.int32(0))
+    return base, num_local
 
   def ranges(batch, tile):
     """(lo, lo_full, hi_full, hi, kv_len): blocks [lo, hi) are visited, [lo_full, hi_full)
@@ -181,8 +211,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
                        full=st.num_kv_blocks)
 
   def schedule_barrier():
-    plgpu.barrier_arrive(schedule)
-    plgpu.barrier_wait(schedule)
+    plgpu.barrier_arrive(turns)
+    plgpu.barrier_wait(turns)
 
   # The two consumers' turns on the tensor cores. ``turn_end`` after issuing Q K^T, ``turn_begin``
   # before issuing P V. Named hardware barriers (FA3 Section 3.1): a consumer signals the other's
@@ -201,9 +231,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     turn_end = schedule_barrier
 
     def turn_begin(wait_v):
-      plgpu.barrier_arrive(schedule)
+      plgpu.barrier_arrive(turns)
       wait_v()
-      plgpu.barrier_wait(schedule)
+      plgpu.barrier_wait(turns)
     first_turn_wait = last_turn_signal = schedule_barrier
   early_k_wait = st.early_k_wait and not st.overlap
 
@@ -214,15 +244,16 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
     # Without persistence O is staged in Q's buffer (Q is dead by then; saves SMEM at H=256).
     o_smem = q_smem if o_smem2 is None else o_smem2.at[wg]
 
-    def load_q(i):
-      batch, head, tile = coords(i)
+    def load_q(flat):
+      batch, head, tile = coords(flat)
       q_start = tile * (COMPUTE_WGS * bq) + wg * bq
       plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_start, bq), head], q_smem, q_ready.at[wg])
-    load_q(0)
+    load_q(cta)
 
-    def tile_body(i, base):
-      """Local tile i; ``base`` = K/V blocks this CTA consumed before it (ring position)."""
-      batch, head, tile = coords(i)
+    def tile_body(i, flat, base):
+      """Local tile i (``flat`` in the persistent numbering); ``base`` = K/V blocks this CTA
+      consumed before it (ring position). Returns the new base and the next tile's number."""
+      batch, head, tile = coords(flat)
       lo, lo_full, hi_full, hi, kv_len = ranges(batch, tile)
       q_start = tile * (COMPUTE_WGS * bq) + wg * bq
       q_seg = None
@@ -321,9 +352,15 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
       else:
         carry = lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
       acc, m, l = carry
+      nxt = None
       if st.persistent:
         # Every Q K^T of this tile has been waited on: Q's buffer is free for the next tile.
-        pl.when(i + 1 < num_local)(lambda: load_q(i + 1))
+        if st.dynamic:
+          nxt = schedule.take(i + 1, **queue)
+          has_next = nxt < st.num_tiles
+        else:
+          nxt, has_next = flat_of(i + 1), i + 1 < num_local
+        pl.when(has_next)(lambda: load_q(nxt))
         # The previous tile's O / lse stores must have read their buffers before we refill them.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       # Keep the schedule balanced: consumer 0 takes the turn consumer 1 skipped at the start.
@@ -337,20 +374,17 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(q_start, bq), head])
       plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
-      return base + (hi - lo)
+      return base + (hi - lo), nxt
 
-    if st.persistent:
-      lax.fori_loop(0, num_local, tile_body, jnp.int32(0))
-    else:
-      tile_body(0, jnp.int32(0))
+    tile_loop(tile_body)
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
     plgpu.set_max_registers(40, action="decrease")
 
-    def fetcher(i):
-      batch, head, tile = coords(i)
+    def fetcher(flat):
+      batch, head, tile = coords(flat)
       lo, _, _, hi, _ = ranges(batch, tile)
       fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
                          (k_ready, v_ready, seg_ready), batch=batch,
@@ -362,8 +396,12 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
       produce(num_steps, stages, fetch, (k_free, v_free))
       return
 
-    def tile_body(i, base):
-      fetch, num_steps = fetcher(i)
+    def tile_body(i, flat, base):
+      nxt = None
+      if st.dynamic:              # claim the next tile first: its latency hides behind this one
+        nxt = schedule.publish(i + 1, flat, counter_ref=counter_ref, num_ctas=st.num_ctas,
+                               compiled=st.atomic_counter, **queue)
+      fetch, num_steps = fetcher(flat)
 
       @pl.loop(0, num_steps)
       def _(j):
@@ -374,9 +412,11 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, 
           plgpu.barrier_wait(k_free.at[slot])
           plgpu.barrier_wait(v_free.at[slot])
         fetch(j, slot)
-      return base + num_steps
+      return base + num_steps, nxt
 
-    total = lax.fori_loop(0, num_local, tile_body, jnp.int32(0))
+    total, num_run = tile_loop(tile_body)
+    if st.dynamic:
+      schedule.drain(num_run, free=tile_free)
 
     @pl.loop(jnp.maximum(total - stages, 0), total)
     def _drain(g):                                # observe the last releases (see ``produce``)
@@ -481,6 +521,7 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   """Shared-memory buffers and barriers of ``fwd_kernel`` (order matters: see ``_body``)."""
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  queue = schedule.scratch_types(consumers=COMPUTE_WGS) if st.dynamic else (None, None, None)
   smem = (
       plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled),       # Q (and O)
       plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled) if st.persistent else None,
@@ -491,6 +532,7 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
       plgpu.SMEM((COMPUTE_WGS, bq), jnp.int32) if st.has_segments else None,  # q segment ids
       plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,      # kv segment ring
       None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bq, bkv), dtype, transforms=tiled),
+      queue[0],                                                               # next tiles
   )
   bars = (
       plgpu.Barrier(num_barriers=stages),                                 # k_ready
@@ -500,7 +542,8 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
       plgpu.Barrier(num_barriers=1),                                      # meta_ready
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),       # k_free
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),       # v_free
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS),                            # schedule
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS),                            # turns
+      *queue[1:],                                                         # tile ready / free
   )
   return smem, bars
 

@@ -323,10 +323,14 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s)
   has_meta = st.any_mask and not computed
+  varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   if cfg.persistent and not has_meta and q_seg is None and not st.overlap:
     num_tiles = b * n * (tq // cta_q)
+    # The tile counter is a fresh mutable ref, which cannot join shard_map's varying operands.
+    dynamic = cfg.dynamic_schedule and not spec.is_trivial and not varying
     pst = dataclasses.replace(st, persistent=True, num_tiles=num_tiles,
-                              num_ctas=min(num_tiles, _num_sms(interpret)))
+                              num_ctas=min(num_tiles, _num_sms(interpret)), dynamic=dynamic,
+                              atomic_counter=dynamic and not interpret)
     if kernels.smem_bytes(st=pst, head_dim=hp, itemsize=q.dtype.itemsize) <= SMEM_LIMIT_BYTES:
       st = pst
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
@@ -355,6 +359,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   axes = frozenset().union(*(vma(x) for x in inputs))
   if axes:
     inputs = match_vma(inputs, axes)
+  if st.dynamic:
+    inputs.append(jax.new_ref(jnp.zeros((1,), jnp.int32)))   # the tile counter (schedule.py)
   smem_types, bar_types = kernels.scratch_types(st=st, head_dim=hp, dtype=q.dtype,
                                                 has_meta=has_meta)
   out, lse = plgpu.kernel(

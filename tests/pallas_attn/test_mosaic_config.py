@@ -180,6 +180,59 @@ def test_tuned_persistent_forward_matches_reference_in_interpret_mode(kw, b, n):
 
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(30, 5), softcap=20.0)],
                          ids=["causal", "window_softcap"])
+@pytest.mark.parametrize("b,n", [(2, 3), (1, 5)], ids=["12tiles", "10tiles"])
+def test_dynamic_schedule_matches_reference_in_interpret_mode(kw, b, n, monkeypatch):
+  """Persistent masked forward with the tile queue (schedule.py): the producer publishes each
+  CTA's next tile through the two-slot SMEM ring, the consumers take it, and an index past the
+  last tile ends all three warpgroups' loops. Interpret mode publishes the round-robin successor
+  (no atomics there); the publications are counted to show that the queue really ran."""
+  from pallas_attn import reference
+  from pallas_attn.mosaic import schedule
+  calls = {"publish": 0, "take": 0}
+
+  def counting(name, fn):
+    def wrapped(*args, **kwargs):
+      calls[name] += 1
+      return fn(*args, **kwargs)
+    return wrapped
+  monkeypatch.setattr(schedule, "publish", counting("publish", schedule.publish))
+  monkeypatch.setattr(schedule, "take", counting("take", schedule.take))
+  t, s, kh, h = 200, 260, 1, 64
+  keys = jax.random.split(jax.random.key(4), 3)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
+  cfg = Config(block_kv=64, persistent=True, dynamic_schedule=True)
+  out = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True, **kw)
+  ref = reference.attention(*(x.astype(jnp.float32) for x in (q, k, v)),
+                            precision=jax.lax.Precision.HIGHEST, **kw)
+  err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
+  assert err < 1e-2, err
+  assert calls["publish"] >= 1 and calls["take"] >= 1       # traced into the kernel body
+  assert ops.INTERPRET_CTAS < b * n * 2
+
+
+def test_dynamic_schedule_lowers_with_an_atomic_counter():
+  """Compiled form (sm90): the claim is an LLVM atomicrmw on a fresh int32 counter operand;
+  without a mask the flag changes nothing (equal tiles keep the static stride)."""
+  b, t, n, h = 2, 1000, 4, 128
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+
+  def lower(causal):
+    cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=causal),
+                              persistent=True, dynamic_schedule=True)
+    fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
+                            softcap=None, cfg=cfg, hp=h, interpret=False)
+    return jax.jit(fwd).trace(q, q, q, None, None, None).lower(
+        lowering_platforms=("cuda",)).as_text()
+  masked, full = lower(True), lower(False)
+  assert "llvm.atomicrmw" in masked and "llvm.atomicrmw" not in full
+  call = [line for line in masked.splitlines() if "custom_call @mosaic_gpu" in line]
+  assert call and "tensor<1xi32>" in call[0]                 # the counter operand
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(30, 5), softcap=20.0)],
+                         ids=["causal", "window_softcap"])
 def test_backward_tiles_differ_between_dq_and_dkdv_in_interpret_mode(kw):
   """dQ with 128-key steps next to 64-key dK/dV consumers and 3-deep rings: S (here 200) is
   padded to a multiple of both, and the gradients still match the float32 reference."""
