@@ -28,7 +28,8 @@ class Config:
       partial per (Q block, K/V tile) added into a global accumulator by TMA reductions.
       Head dims 128/256 (padded), no shard_map-varying operands; otherwise the two kernels.
       Floating-point addition order then varies from run to run (not bitwise deterministic).
-      Interpret-tested; not yet measured on the H200, so off.
+      Off: on the H200 it was 3-17% slower fwd+bwd than the two kernels (the consumers'
+      per-step rendezvous over dS^T serialises the ping-pong; benchmarks/NOTES.md, session 6).
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -63,7 +64,8 @@ class Config:
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin
       successor through the same hand-over). Not under shard_map-varying operands (the
-      static deal runs there).
+      static deal runs there). Off: on the H200, causal rows ran 1.4-5% slower than the
+      one-CTA-per-tile grid (benchmarks/NOTES.md, session 6).
   """
   block_q: int = 64
   block_kv: int = 128

@@ -190,12 +190,17 @@ class MosaicConfig:
   ``registers_a``: the dequantized planes are wgmma's A operand straight from registers
   (compiled only; the Mosaic interpreter cannot run register operands, so interpret mode stages
   them through SMEM, as does ``registers_a=False``).
-  ``fold_zero`` (with ``registers_a``, compiled only; not yet measured, off): leave the plane as
+  ``fold_zero`` (with ``registers_a``, compiled only; 1.6-1.8x slower on the H200, off): leave the plane as
   ``B + q`` and let the tensor cores subtract: a second wgmma per plane with the constant
   operand ``-(B + z)`` (same accumulator), instead of one packed 16-bit subtract per two weights
   on the ALU. The tensor cores are nearly idle at decode (N = m_pad <= 64); the accumulator then
   holds sums ~(B + q) / (q - z) ~ 20-140x larger before they cancel, so its float32 rounding
   matters more (to be checked against the 1e-3 error bar on the GPU).
+  ``pipeline`` (with ``registers_a``, compiled only; not yet measured, off): keep one step of
+  wgmmas in flight: step t's planes are dequantized and issued while step t - 1's run, then
+  t - 1 is retired (two sets of group accumulators, even and odd steps). Ignored where those
+  float32 tiles would not fit the register budget (``(4 groups per step + 1) * m_pad / 2 <=
+  96`` registers a thread: m_pad 8 at block_k 512 and g128, up to 16 at block_k 256).
   """
   block_n: int = 128
   block_k: int = 512
@@ -203,6 +208,7 @@ class MosaicConfig:
   split_k: int = 1
   registers_a: bool = True
   fold_zero: bool = False
+  pipeline: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):

@@ -80,6 +80,7 @@ _MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6
 PLANES = layout.PLANES
 BN = layout.TILE_N
 ACC_COLUMNS = 64       # register budget of the live group accumulators (float32 columns)
+PIPELINE_REGISTERS = 96   # per-thread budget of the pipelined loop's float32 tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Statics:
   paired: bool = False        # dequantize two codes per 32-bit op with inline Mosaic GPU code
                               # (compiled only: the interpreter cannot run inline_mgpu)
   fold_zero: bool = False     # subtract B + z with a second wgmma (needs registers_a)
+  pipeline: bool = False      # step t's wgmmas run while step t + 1 is dequantized (registers_a)
 
   @property
   def span2(self) -> int:
@@ -119,6 +121,13 @@ class Statics:
   def groups_per_scope(self) -> int:
     """Group accumulators live at once: at most 64 float32 columns (32 registers a thread)."""
     return max(1, min(self.groups_per_step, ACC_COLUMNS // self.m_pad))
+
+  @property
+  def pipeline_fits(self) -> bool:
+    """Whether the pipelined loop's float32 [64, m_pad] tiles (two sets of group accumulators,
+    the previous values of both and the total; m_pad / 2 registers a thread each) stay within
+    ``PIPELINE_REGISTERS`` registers a thread."""
+    return (4 * self.groups_per_step + 1) * self.m_pad // 2 <= PIPELINE_REGISTERS
 
   @property
   def steps_per_group(self) -> int:
@@ -218,17 +227,33 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
       if not st.sym:
         plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), rows], z_ring.at[slot, w], bar)
 
-  def step_partials(t):
-    """Waits for step ``t``'s data; returns its float32 partials and scales, one per group."""
+  def zero_at(slot, g):
+    """B + z of group ``g`` of ring slot ``slot`` in the operand dtype (exact: B + z < 2B), B
+    the magic number of ``_MAGIC``; a [64, span2] tile, or a scalar when symmetric."""
+    if st.sym:
+      return jnp.asarray(st.magic + st.zero, st.dtype)
+    zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+    return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span2), [0])
+
+  def scale_at(slot, g):
+    s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+    return lax.broadcast_in_dim(s, (BN, st.m_pad), [0])
+
+  def prefetch(t):
+    """Warpgroup 0, at step ``t``: TMA of step ``t + stages - 1`` into the slot step ``t - 1``
+    used, once every warpgroup is done with it."""
     @pl.when(jnp.logical_and(wg == 0, t + stages - 1 < st.steps))
-    def _prefetch():
+    def _():
       if wgs > 1:
-        # Slot of step t - 1: every warpgroup has finished with it (t = 0: still empty).
-        @pl.when(t > 0)
+        @pl.when(t > 0)                            # t = 0: the slot is still empty
         def _():
           plgpu.barrier_wait(free.at[lax.rem(t - 1, stages)])
-      # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
       issue(t + stages - 1)
+
+  def step_partials(t):
+    """Waits for step ``t``'s data; returns its float32 partials and scales, one per group."""
+    # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
+    prefetch(t)
 
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
@@ -237,12 +262,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
     planes_per_group = PLANES // gps
 
-    def zero_of(g):
-      """B + z in the operand dtype (exact: B + z < 2B), B the magic number of ``_MAGIC``."""
-      if st.sym:
-        return jnp.asarray(st.magic + st.zero, st.dtype)
-      zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
-      return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span2), [0])
+    zero_of = functools.partial(zero_at, slot)
 
     def mma(*acc_refs, groups, zeros):
       """All planes of ``groups``, group i into ``acc_refs[i]``; one wait for the lot."""
@@ -285,20 +305,46 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
       partials += pl.run_scoped(
           functools.partial(mma, groups=groups, zeros=[zero_of(g) for g in groups]), *accs)
     for g in range(gps):
-      s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
-      scales.append(lax.broadcast_in_dim(s, (BN, st.m_pad), [0]))
+      scales.append(scale_at(slot, g))
     if wgs > 1:
       plgpu.barrier_arrive(free.at[slot])        # this warpgroup is done with the slot
     return partials, scales
 
   zeros_tile = lambda: plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), wgmma_layout)
 
+  def issue_planes(t, accs):
+    """Pipelined form: waits for step ``t``'s data and issues its wgmmas (one commit group per
+    plane, group g of the step into ``accs[g]``) without waiting for them."""
+    slot = lax.rem(t, stages)
+    plgpu.barrier_wait(ready.at[slot])
+    codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
+    per_group = PLANES // gps
+    for g in range(gps):
+      zero = zero_at(slot, g)
+      for j in range(per_group):
+        p = g * per_group + j
+        plgpu.wgmma(accs[g], _codes(codes, p, st) - zero, x_ring.at[slot, p].transpose((1, 0)))
+
+  def retire(t, accs, prev, total, wait_n: int):
+    """Pipelined form: once at most ``wait_n`` wgmma groups (the next step's) are in flight,
+    step ``t`` is complete: each accumulator has grown by that step's raw group partial, which
+    is scaled and added to ``total``. Returns the accumulators' values and the new total."""
+    slot = lax.rem(t, stages)
+    raw = [plgpu.wgmma_accumulator_load(a, wait_n=wait_n) for a in accs]
+    for g in range(gps):
+      total = total + scale_at(slot, g) * (raw[g] - prev[g])
+    if wgs > 1:
+      plgpu.barrier_arrive(free.at[slot])          # this warpgroup is done with the slot
+    return raw, total
+
   @pl.when(wg == 0)
   def _prologue():                                 # fill all but one slot
     for t in range(min(stages - 1, st.steps)):
       issue(t)
 
-  if st.long_groups:
+  if st.pipeline:
+    total = _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st)
+  elif st.long_groups:
     spg = st.steps_per_group
 
     def group(gi, total):
@@ -329,6 +375,47 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(o_smem, o_ref.at[lax.axis_index("k"), pl.ds(n0 + wg * BN, BN)])
   plgpu.wait_smem_to_gmem(0)
+
+
+def _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st: Statics):
+  """K loop with one step of wgmmas in flight (compiled, ``registers_a``): step t's planes are
+  dequantized and issued while step t - 1's wgmmas run, then t - 1 is retired.
+
+  Two sets of group accumulators take even and odd steps; an accumulator is never reset, so
+  step t's raw partial of group g is ``acc_g(after t) - acc_g(before t)`` (float32, error ~ one
+  ulp of the running sum, which grows only like sqrt(steps) times one partial), scaled by that
+  step's s_g and added to the total: y^T = sum_t sum_g s_{t,g} (acc_{t,g} - acc_{t-2,g}).
+  The ring slot of step t - 1 is refilled (``prefetch(t)``) only after it is retired.
+  """
+  gps = st.groups_per_step
+  zeros = lambda: [zeros_tile() for _ in range(gps)]
+
+  def body(*accs):
+    sets = (accs[:gps], accs[gps:])
+
+    def advance(t, parity: int, carry):
+      """Step t (t % 2 == parity) in, step t - 1 out."""
+      total, prev = carry[0], list(carry[1:])
+      issue_planes(t, sets[parity])
+      prev[1 - parity], total = retire(t - 1, sets[1 - parity], prev[1 - parity], total,
+                                       wait_n=PLANES)
+      prefetch(t)
+      return (total, *prev)
+
+    prefetch(0)
+    issue_planes(0, sets[0])
+    carry = (zeros_tile(), zeros(), zeros())
+
+    def pair(i, carry):
+      carry = advance(2 * i + 1, 1, carry)
+      return advance(2 * i + 2, 0, carry)
+    carry = lax.fori_loop(0, (st.steps - 1) // 2, pair, carry)
+    if (st.steps - 1) % 2:
+      carry = advance(st.steps - 1, 1, carry)
+    last = (st.steps - 1) % 2
+    return retire(st.steps - 1, sets[last], carry[1 + last], carry[0], wait_n=0)[1]
+
+  return pl.run_scoped(body, *[plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in range(2 * gps)])
 
 
 def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool):
@@ -538,7 +625,10 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                magic=_MAGIC[jnp.dtype(x.dtype)][1],
                registers_a=not static.interpret and cfg.registers_a,
                paired=not static.interpret,
-               fold_zero=not static.interpret and cfg.registers_a and cfg.fold_zero)
+               fold_zero=not static.interpret and cfg.registers_a and cfg.fold_zero,
+               pipeline=(not static.interpret and cfg.registers_a and cfg.pipeline
+                         and not cfg.fold_zero))
+  st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits)
   # x in planes: xt[c, m, :] holds x's columns [c*span2, (c+1)*span2); zero padding is harmless
   # (padded weight codes and scales are 0 as well).
   xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))

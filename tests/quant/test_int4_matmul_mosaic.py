@@ -371,6 +371,37 @@ def test_lowering_fold_zero_moves_the_subtraction_to_wgmma(monkeypatch, sym):
   assert calls[False] >= layout.PLANES and calls[True] == 2 * calls[False], calls
 
 
+@pytest.mark.parametrize("m,block_k,group_size,sym,steps", [
+    (1, 512, 128, False, 4), (16, 256, 128, True, 8), (8, 256, 1024, False, 3),
+    (8, 512, -1, False, 5)], ids=["g128_even", "g128_sym_m16", "long_groups_odd", "per_channel"])
+def test_lowering_pipeline_keeps_one_step_in_flight(monkeypatch, m, block_k, group_size, sym,
+                                                    steps):
+  """pipeline: every step's planes are issued before the previous step is retired (one
+  accumulator load with wait_n = PLANES per group per step, a final wait_n = 0), for even and
+  odd step counts, short groups, long groups and per-channel scales."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  k, n = block_k * steps, 256
+  qw = _abstract_weight(k, n, group_size=group_size, sym=sym, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
+  waits = []
+  load = w4_mosaic.plgpu.wgmma_accumulator_load
+  monkeypatch.setattr(w4_mosaic.plgpu, "wgmma_accumulator_load",
+                      lambda acc, wait_n=0: (waits.append(wait_n), load(acc, wait_n=wait_n))[1])
+  jax.clear_caches()
+  cfg = MosaicConfig(block_n=64, block_k=block_k, num_stages=2, pipeline=True)
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(jax.ShapeDtypeStruct((m, k), BF16), mw).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  gps = max(1, block_k // group_size) if 0 < group_size < block_k else 1
+  # Traced once: the step before the loop has no retire; the loop body (two steps), an odd
+  # tail step and the final retire each retire one step of gps accumulators.
+  traced = 2 + (steps - 1) % 2 + 1
+  assert waits.count(layout.PLANES) == gps * (traced - 1) and waits.count(0) == gps, waits
+
+
 def test_compiled_call_declines_a_plain_quantized_weight():
   """Repacking per call would cost a full pass over the weight: dispatch goes to Triton."""
   qw = _abstract_weight(4096, 1024, group_size=128, sym=False, act_order=False)
