@@ -48,6 +48,10 @@ class Config:
       H200: +1-3% alone, +4-7% together with ``fold_scale``.
     early_k_wait: wait for the next K block inside the P V wgmma scope, while P V runs.
       H200 (with no_auto_barriers): -2% to +3% depending on the row, so off.
+    pin_softmax: an ``optimization_barrier`` on (rescaled O, P, m, l) before the consumer
+      takes its tensor-core turn, so that no softmax work (row sum, O's rescale) is scheduled
+      after the barrier, inside the turn (tokamax's sm90 forward pins its row sum the same way).
+      Compiled only; not yet measured, off.
     no_auto_barriers: ``CompilerParams(unsafe_no_auto_barriers=True)``: no warpgroup barrier
       around SMEM stores and TMA issues (the kernel never reads and writes a region from the
       same thread, the condition that makes this safe). Compiled only.
@@ -80,6 +84,7 @@ class Config:
   fold_scale: bool = True
   named_barriers: bool = True
   early_k_wait: bool = False
+  pin_softmax: bool = False
   no_auto_barriers: bool = False
   computed_ranges: bool = True
   persistent: bool = False

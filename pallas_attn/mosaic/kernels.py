@@ -67,6 +67,7 @@ class Statics:
   fold_scale: bool = False      # max on raw logits, one FMA per element for 2^(c s - m)
   named_barriers: bool = False  # ping-pong on hardware named barriers; compiled only
   early_k_wait: bool = False    # wait for the next K block inside the P V wgmma scope
+  pin_softmax: bool = False     # optimization_barrier: softmax + O rescale before the turn
   computed_ranges: bool = False  # [lo, hi) from the tile index (position-only masks), no TMA
   seq_q: int = 0                # real T and S (computed_ranges only)
   seq_k: int = 0
@@ -317,6 +318,11 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
         p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c)
         alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
+        if st.pin_softmax and st.registers_pv:
+          # All of the softmax, the row sum and O's rescale before the turn is taken (the
+          # compiler may otherwise sink them past the barrier into the other consumer's turn).
+          acc, p16, m_new, l_new = lax.optimization_barrier((acc * alpha_o, p16, m_new, l_new))
+          alpha_o = None
 
         # Softmax done: wait for V and for our tensor-core turn.
         turn_begin(lambda: plgpu.barrier_wait(v_ready.at[slot]))
@@ -326,7 +332,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
             # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is
             # waited on only when the scope closes.
             wait_next_k()
-          acc = pl.run_state(pv)(plgpu.ACC.init(acc * alpha_o))
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc if alpha_o is None else acc * alpha_o))
         else:
           p_smem = p_smem2.at[wg]
           p_smem[...] = p16

@@ -69,7 +69,8 @@ LOWER_CASES = [
 
 TUNED = dict(fold_scale=True, named_barriers=True, early_k_wait=True, no_auto_barriers=True,
              computed_ranges=True, persistent=True)
-FORMS = {"plain": dict(), "overlap": dict(overlap=True), "tuned": TUNED}
+FORMS = {"plain": dict(), "overlap": dict(overlap=True), "tuned": TUNED,
+         "pinned": dict(pin_softmax=True)}
 
 
 @pytest.mark.parametrize("form", list(FORMS))
