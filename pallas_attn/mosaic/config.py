@@ -52,6 +52,10 @@ class Config:
       takes its tensor-core turn, so that no softmax work (row sum, O's rescale) is scheduled
       after the barrier, inside the turn (tokamax's sm90 forward pins its row sum the same way).
       Compiled only; not yet measured, off.
+    named_free: the consumers release K/V ring slots on hardware named barriers (``bar.arrive``;
+      the producer ``bar.sync``s before refilling) instead of mbarriers, on which all 128
+      threads of a warpgroup arrive with a shared-memory atomic each (tokamax's sm90 forward
+      signals "consumed" the same way). Compiled only, not with ``overlap``; not yet measured.
     no_auto_barriers: ``CompilerParams(unsafe_no_auto_barriers=True)``: no warpgroup barrier
       around SMEM stores and TMA issues (the kernel never reads and writes a region from the
       same thread, the condition that makes this safe). Compiled only.
@@ -85,6 +89,7 @@ class Config:
   named_barriers: bool = True
   early_k_wait: bool = False
   pin_softmax: bool = False
+  named_free: bool = False
   no_auto_barriers: bool = False
   computed_ranges: bool = True
   persistent: bool = False

@@ -44,8 +44,10 @@ WG_THREADS = 128
 # First hardware (named) barrier of the ping-pong: Mosaic GPU keeps 0 for gpu.barrier and
 # 1 + warpgroup index for its own warpgroup barriers (1..3 with three warpgroups).
 SCHEDULE_BAR = 4
+FREE_BAR = 6             # named_free: hardware barriers 6 .. 6 + 2 * num_stages - 1 (K, then V)
 LN2 = math.log(2.0)
 COMPUTE_WGS = 2          # consumer warpgroups per CTA; warpgroup COMPUTE_WGS is the producer
+FREE_THREADS = (COMPUTE_WGS + 1) * WG_THREADS   # named_free: consumers arrive, the producer syncs
 META_LEN = 8             # per-tile int32 metadata: lo, lo_full, hi_full, hi, kv_len, 0, 0, 0
 
 
@@ -68,6 +70,7 @@ class Statics:
   named_barriers: bool = False  # ping-pong on hardware named barriers; compiled only
   early_k_wait: bool = False    # wait for the next K block inside the P V wgmma scope
   pin_softmax: bool = False     # optimization_barrier: softmax + O rescale before the turn
+  named_free: bool = False      # K/V slot releases on hardware barriers (compiled only)
   computed_ranges: bool = False  # [lo, hi) from the tile index (position-only masks), no TMA
   seq_q: int = 0                # real T and S (computed_ranges only)
   seq_k: int = 0
@@ -238,6 +241,21 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     first_turn_wait = last_turn_signal = schedule_barrier
   early_k_wait = st.early_k_wait and not st.overlap
 
+  # K/V slot releases: an mbarrier per slot (every consumer thread arrives), or with
+  # ``named_free`` a hardware barrier per slot: the consumers ``bar.arrive`` (no shared-memory
+  # atomics) and the producer's ``bar.sync`` completes once all FREE_THREADS threads are in.
+  if st.named_free:
+    bar_id = lambda kind, slot: FREE_BAR + kind * stages + slot
+    release_k = lambda slot: named_barrier("arrive", bar_id(0, slot), FREE_THREADS)
+    release_v = lambda slot: named_barrier("arrive", bar_id(1, slot), FREE_THREADS)
+    wait_k_free = lambda slot: named_barrier("sync", bar_id(0, slot), FREE_THREADS)
+    wait_v_free = lambda slot: named_barrier("sync", bar_id(1, slot), FREE_THREADS)
+  else:
+    release_k = lambda slot: plgpu.barrier_arrive(k_free.at[slot])
+    release_v = lambda slot: plgpu.barrier_arrive(v_free.at[slot])
+    wait_k_free = lambda slot: plgpu.barrier_wait(k_free.at[slot])
+    wait_v_free = lambda slot: plgpu.barrier_wait(v_free.at[slot])
+
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
     plgpu.set_max_registers(232, action="increase")
@@ -314,7 +332,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
           turn_end()                              # let the other consumer issue its matmuls
           return acc_ref[...]
         s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
-        plgpu.barrier_arrive(k_free.at[slot])
+        release_k(slot)
 
         p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c)
         alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -343,7 +361,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
             return acc_ref[...]
           acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
           wait_next_k()
-        plgpu.barrier_arrive(v_free.at[slot])
+        release_v(slot)
         return acc, m_new, l_new
 
       if st.overlap:
@@ -399,7 +417,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
     if not st.persistent:
       fetch, num_steps = fetcher(0)
-      produce(num_steps, stages, fetch, (k_free, v_free))
+      produce(num_steps, stages, fetch, (wait_k_free, wait_v_free))
       return
 
     def tile_body(i, flat, base):
@@ -415,8 +433,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
         @pl.when(base + j >= stages)
         def _():                                  # the slot's previous block was released
-          plgpu.barrier_wait(k_free.at[slot])
-          plgpu.barrier_wait(v_free.at[slot])
+          wait_k_free(slot)
+          wait_v_free(slot)
         fetch(j, slot)
       return base + num_steps, nxt
 
@@ -426,8 +444,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
     @pl.loop(jnp.maximum(total - stages, 0), total)
     def _drain(g):                                # observe the last releases (see ``produce``)
-      plgpu.barrier_wait(k_free.at[lax.rem(g, stages)])
-      plgpu.barrier_wait(v_free.at[lax.rem(g, stages)])
+      wait_k_free(lax.rem(g, stages))
+      wait_v_free(lax.rem(g, stages))
 
 
 def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
@@ -506,21 +524,24 @@ def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
 def produce(num_steps, stages: int, fetch, free_barriers):
   """Producer loop of a ``stages``-deep TMA ring: fill it, refill each slot once every consumer
   has released it, and at the end observe the last releases too, so that every barrier phase is
-  waited on before the barriers go away (the interpreter checks this; on the GPU it is free)."""
+  waited on before the barriers go away (the interpreter checks this; on the GPU it is free).
+  ``free_barriers``: mbarrier refs (one per slot each), or callables ``wait(slot)``."""
+  def wait(slot):
+    for bar in free_barriers:
+      bar(slot) if callable(bar) else plgpu.barrier_wait(bar.at[slot])
+
   @pl.loop(0, jnp.minimum(num_steps, stages))
   def _prologue(i):
     fetch(i)
 
   @pl.loop(stages, jnp.maximum(num_steps, stages))
   def _steady(i):
-    for bar in free_barriers:
-      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
+    wait(lax.rem(i, stages))
     fetch(i)
 
   @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
   def _drain(i):
-    for bar in free_barriers:
-      plgpu.barrier_wait(bar.at[lax.rem(i, stages)])
+    wait(lax.rem(i, stages))
 
 
 def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):

@@ -322,7 +322,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       registers_pv=not interpret, overlap=cfg.overlap and not interpret,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
-      pin_softmax=cfg.pin_softmax)
+      pin_softmax=cfg.pin_softmax,
+      named_free=cfg.named_free and not interpret and not (cfg.overlap and not interpret))
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   if cfg.persistent and not has_meta and q_seg is None and not st.overlap:

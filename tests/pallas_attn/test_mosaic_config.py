@@ -70,7 +70,7 @@ LOWER_CASES = [
 TUNED = dict(fold_scale=True, named_barriers=True, early_k_wait=True, no_auto_barriers=True,
              computed_ranges=True, persistent=True)
 FORMS = {"plain": dict(), "overlap": dict(overlap=True), "tuned": TUNED,
-         "pinned": dict(pin_softmax=True)}
+         "pinned": dict(pin_softmax=True), "named_free": dict(named_free=True, persistent=True)}
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -153,6 +153,24 @@ def test_tuned_forward_uses_named_barriers_and_no_metadata():
   assert "bar.sync $0, 256" in text and "bar.arrive $0, 256" in text   # two consumers' threads
   call = [line for line in text.splitlines() if "mosaic_gpu" in line and "custom_call" in line]
   assert call and all("tensor<1x4x" not in line for line in call)   # no [B, tiles, 8] record
+
+
+def test_named_free_releases_slots_on_hardware_barriers():
+  """named_free: K/V slot releases are bar.arrive / bar.sync over all three warpgroups' threads
+  (384), on top of the ping-pong's 256-thread barriers; without it no 384-thread barrier."""
+  b, t, n, h = 1, 512, 2, 128
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+
+  def lower(named_free):
+    cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t), named_free=named_free)
+    fwd = functools.partial(ops._forward, causal=True, scale=h ** -0.5, window=None,
+                            softcap=None, cfg=cfg, hp=h, interpret=False)
+    return jax.jit(fwd).trace(q, q, q, None, None, None).lower(
+        lowering_platforms=("cuda",)).as_text()
+  on, off = lower(True), lower(False)
+  assert "bar.arrive $0, 384" in on and "bar.sync $0, 384" in on
+  assert "bar.sync $0, 256" in on                       # the ping-pong is unchanged
+  assert "$0, 384" not in off
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window=(40, 0), softcap=20.0)],
