@@ -364,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--budget-s", type=float, default=240.0,
                       help="no new measurement starts after this many seconds")
+  parser.add_argument("--ms", default="",
+                      help=f"comma-separated M values to run (default: {','.join(map(str, MS))})")
   parser.add_argument("--plot-only", metavar="JSON", default=None)
   parser.add_argument("--impls", default=",".join(IMPLS),
                       help=f"comma-separated kernels of ours to run, from {IMPLS}")
@@ -397,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table([row]).splitlines()[-1], flush=True)
 
   shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
+  if args.ms:
+    ms = tuple(int(m) for m in args.ms.split(","))
   iters = 3 if args.quick else args.iters
   interpret = not on_gpu
   deadline = start + args.budget_s
