@@ -31,8 +31,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, kv_fetcher, produce,
+from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, SCHEDULE_BAR, WG_THREADS, Statics,
+                                        kv_fetcher, named_barrier, produce, slot_releases,
                                         tile_ranges)
+
+DQ_SYNC_BAR = SCHEDULE_BAR   # fused dQ rendezvous (named_free); the backward has no ping-pong
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
@@ -116,6 +119,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
   (q_smem2, do_smem2, rows_smem2, k_smem, v_smem, meta_smem, qseg_smem2, kvseg_smem,
    ds_smem2) = smem
   k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free = bars
+  (release_k, release_v), waits = slot_releases((k_free, v_free), st)
   batch, head, tile = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
   wg = lax.axis_index("wg")
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
@@ -182,11 +186,11 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       p, t, mask = probs(_product(q_smem, k_smem.at[slot].transpose((1, 0)), shape), j, masked)
       plgpu.barrier_wait(v_ready.at[slot])
       dp = _product(do_smem, v_smem.at[slot].transpose((1, 0)), shape)
-      plgpu.barrier_arrive(v_free.at[slot])
+      release_v(slot)
       ds = grad_logits(p, dp, t, mask)
       dq = _matmul_acc(dq, ds, k_smem.at[slot], None if ds_smem2 is None else ds_smem2.at[wg],
                        registers=st.registers_pv)
-      plgpu.barrier_arrive(k_free.at[slot])
+      release_k(slot)
       return dq
 
     def step_async(j, dq_acc, masked: bool):
@@ -206,10 +210,10 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
         return p, t, mask, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
       acc = plgpu.ACC(shape, jnp.float32)
       p, t, mask, dp = pl.run_scoped(scores, acc, acc)
-      plgpu.barrier_arrive(v_free.at[slot])
+      release_v(slot)
       plgpu.wgmma(dq_acc, grad_logits(p, dp, t, mask), k_smem.at[slot])
       plgpu.wgmma_wait(0)
-      plgpu.barrier_arrive(k_free.at[slot])
+      release_k(slot)
       return dq_acc
 
     if st.registers_pv:
@@ -232,7 +236,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
     fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
                        (k_ready, v_ready, seg_ready), batch=batch,
                        kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
-    produce(hi - lo, stages, fetch, (k_free, v_free))
+    produce(hi - lo, stages, fetch, waits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,6 +266,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   (k_smem2, v_smem2, q_smem, do_smem, rows_smem, meta_smem, kvseg_smem2, qseg_smem,
    pt_smem2, ds_smem, dqt_smem) = smem
   q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free, dq_sync = bars
+  (release_q, release_do), waits = slot_releases((q_free, do_free), st)
+
+  def meet():
+    """Both consumers at the same point (fused dQ): a 256-thread hardware barrier with
+    ``named_free``, else an mbarrier rendezvous."""
+    if st.named_free:
+      named_barrier("sync", DQ_SYNC_BAR, COMPUTE_WGS * WG_THREADS)
+    else:
+      plgpu.barrier_arrive(dq_sync)
+      plgpu.barrier_wait(dq_sync)
   batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
                           lax.axis_index("kv_seq"))
   wg = lax.axis_index("wg")
@@ -323,8 +337,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       buf = lax.rem(step_no, 2)
       ds_smem.at[buf, wg][...] = dst
       plgpu.commit_smem()
-      plgpu.barrier_arrive(dq_sync)            # both dS^T halves written ...
-      plgpu.barrier_wait(dq_sync)              # ... and (two steps ago) read by the other side
+      meet()                                   # both dS^T halves written, and (two steps
+                                               # ago) read by the other side
       hd = k_smem.shape[-1]
       # H >= 128: each consumer takes H/2 columns (whole 128-byte swizzle rows of K). H = 64
       # cannot be split that way, so the consumers take whole steps in turn (by step parity).
@@ -370,12 +384,12 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot], pt_smem,
                        registers=st.registers_pv)
       dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
-      plgpu.barrier_arrive(do_free.at[slot])
+      release_do(slot)
       dst = grad_logits_t(pt, dpt, delta, t, mask)
       dk = _matmul_acc(dk, dst, q_smem.at[slot], pt_smem, registers=st.registers_pv)
       if dq_sink:
         dq_update(n, i, dst)
-      plgpu.barrier_arrive(q_free.at[slot])
+      release_q(slot)
       return dk, dv
 
     def step_async(n, i, accs, masked: bool):
@@ -403,9 +417,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       if dq_sink:
         dq_update(n, i, dst)                    # waits for every wgmma in flight
       plgpu.wgmma_wait(1)                       # dV done: dO's slot can be refilled
-      plgpu.barrier_arrive(do_free.at[slot])
+      release_do(slot)
       plgpu.wgmma_wait(0)
-      plgpu.barrier_arrive(q_free.at[slot])
+      release_q(slot)
       return accs
 
     if st.registers_pv:
@@ -425,8 +439,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
     if dq_sink:   # the other consumer's last dQ wgmma reads this K tile: meet before dK goes there
-      plgpu.barrier_arrive(dq_sync)
-      plgpu.barrier_wait(dq_sync)
+      meet()
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
@@ -451,7 +464,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       if st.has_segments:
         plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
                                 rows_ready.at[stages + slot])
-    produce(st.groups * per_head, stages, fetch, (q_free, do_free))
+    produce(st.groups * per_head, stages, fetch, waits)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -241,20 +241,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     first_turn_wait = last_turn_signal = schedule_barrier
   early_k_wait = st.early_k_wait and not st.overlap
 
-  # K/V slot releases: an mbarrier per slot (every consumer thread arrives), or with
-  # ``named_free`` a hardware barrier per slot: the consumers ``bar.arrive`` (no shared-memory
-  # atomics) and the producer's ``bar.sync`` completes once all FREE_THREADS threads are in.
-  if st.named_free:
-    bar_id = lambda kind, slot: FREE_BAR + kind * stages + slot
-    release_k = lambda slot: named_barrier("arrive", bar_id(0, slot), FREE_THREADS)
-    release_v = lambda slot: named_barrier("arrive", bar_id(1, slot), FREE_THREADS)
-    wait_k_free = lambda slot: named_barrier("sync", bar_id(0, slot), FREE_THREADS)
-    wait_v_free = lambda slot: named_barrier("sync", bar_id(1, slot), FREE_THREADS)
-  else:
-    release_k = lambda slot: plgpu.barrier_arrive(k_free.at[slot])
-    release_v = lambda slot: plgpu.barrier_arrive(v_free.at[slot])
-    wait_k_free = lambda slot: plgpu.barrier_wait(k_free.at[slot])
-    wait_v_free = lambda slot: plgpu.barrier_wait(v_free.at[slot])
+  (release_k, release_v), (wait_k_free, wait_v_free) = slot_releases((k_free, v_free), st)
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
@@ -519,6 +506,22 @@ def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
     if st.has_segments:
       plgpu.copy_gmem_to_smem(seg_ref.at[batch, keys], seg_smem.at[slot], seg_ready.at[slot])
   return fetch
+
+
+def slot_releases(free_barriers, st: Statics):
+  """``(releases, waits)``: per ring (e.g. K and V) a consumer's ``release(slot)`` and the
+  producer's ``wait(slot)``. Mbarriers (``free_barriers``, one per slot; Pallas makes every
+  thread of a consumer warpgroup arrive, a shared-memory atomic each), or with ``st.named_free``
+  a hardware barrier per ring and slot: the consumers ``bar.arrive`` and the producer's
+  ``bar.sync`` completes once all FREE_THREADS threads are in (ids from FREE_BAR on)."""
+  if not st.named_free:
+    return (tuple((lambda slot, b=b: plgpu.barrier_arrive(b.at[slot])) for b in free_barriers),
+            tuple((lambda slot, b=b: plgpu.barrier_wait(b.at[slot])) for b in free_barriers))
+  ids = [lambda slot, r=r: FREE_BAR + r * st.num_stages + slot for r in range(len(free_barriers))]
+  if FREE_BAR + len(ids) * st.num_stages > 16:
+    raise NotImplementedError("named_free: more ring slots than hardware barriers")
+  return (tuple((lambda slot, i=i: named_barrier("arrive", i(slot), FREE_THREADS)) for i in ids),
+          tuple((lambda slot, i=i: named_barrier("sync", i(slot), FREE_THREADS)) for i in ids))
 
 
 def produce(num_steps, stages: int, fetch, free_barriers):
