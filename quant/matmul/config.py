@@ -287,7 +287,9 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   ring, K split for the SMs. (A guess until it is timed on an H200: see benchmarks/w4a16.py.)
 
   block_k = 512 (planes of 128 rows, 128-byte swizzle, 16 KiB of int4 per 64 features per
-  step) unless the groups are shorter than a plane (groups of 64: 256, 32: 128, 16: 64).
+  step) unless the groups are shorter than a plane (groups of 64: 256, 32: 128, 16: 64) or the
+  weight has at most 8192 x 8192 elements (256: ``layout.default_block_k``, the layout's own
+  default, so that a weight prepared with defaults matches this config).
   block_n = 128 halves the L2 -> SMEM traffic of x (for M <= 8, x padded to 8 rows is half the
   weight's bytes per 64 features). Decode streams the weight once, so the grid should hold about
   two warpgroups per SM: ``split_k`` doubles while there are fewer than ``2 * num_sms``
@@ -295,10 +297,7 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   XLA).
   """
   per_channel = group_size >= k
-  bk = MOSAIC_BLOCK_K[-1]
-  if not per_channel:
-    while bk > MOSAIC_BLOCK_K[0] and not mosaic_layout.mosaic_tiles_groups(bk, k, group_size):
-      bk //= 2
+  bk = mosaic_layout.default_block_k(k, n, group_size)
   # M <= 8 (x is one 8-row wgmma N tile): 64 features and a 4-deep ring per CTA measured 4-10%
   # faster than 128 features and 3 stages on the H200 (benchmarks/results/w4a16/); at M = 16
   # the wider CTA wins by 10-20% (x's slice is shared by two warpgroups).

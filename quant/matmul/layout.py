@@ -142,8 +142,27 @@ def mosaic_tiles_groups(block_k: int, k: int, group_size: int) -> bool:
   return not (group_size % span2 or (group_size % block_k and block_k % group_size))
 
 
-def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int = 512) -> MosaicWeight:
+# Weights of at most this many elements take 256-row steps by default (see default_block_k).
+SMALL_WEIGHT = 8192 * 8192
+
+
+def default_block_k(k: int, n: int, group_size: int) -> int:
+  """The K step the planar layout is packed for (fixed at load time, so it cannot depend on M):
+  the widest of 512 / 256 / 128 / 64 whose planes tile the groups, capped at 256 for weights of
+  at most 8192 x 8192. H200, g128 (benchmarks/NOTES.md, session 6): 256-row steps were 12-14%
+  faster at 8192 x 8192 for M = 1 and 16 (more, smaller CTAs for its 128 output tiles) but
+  1.5-3% slower at M = 1 on 8192 x 28672 and 28672 x 8192."""
+  bk = 256 if k * n <= SMALL_WEIGHT else BLOCK_K[-1]
+  while bk > BLOCK_K[0] and not mosaic_tiles_groups(bk, k, group_size):
+    bk //= 2
+  return bk
+
+
+def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int | None = None) -> MosaicWeight:
   """``QuantizedWeight`` -> ``MosaicWeight`` (planar, transposed, padded). Exact; jit-compatible.
+
+  ``block_k`` (the kernel's K step, which the planes are laid out for): ``default_block_k``
+  when None.
 
   Raises NotImplementedError for codes wider than 4 bits (one nibble per code is assumed) or a
   ``block_k`` whose planes would straddle a group (``group_size % (block_k / 4)``, or neither of
@@ -158,6 +177,8 @@ def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int = 512) -> Mosaic
     raise NotImplementedError(f"the Mosaic layout holds codes of <= 4 bits, got {qw.bits}")
   k, n = qw.shape
   gs = qw.group_size
+  if block_k is None:
+    block_k = default_block_k(k, n, gs)
   if block_k not in BLOCK_K:
     raise NotImplementedError(f"block_k must be one of {BLOCK_K}, got {block_k}")
   span2 = block_k // PLANES

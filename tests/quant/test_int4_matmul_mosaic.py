@@ -178,7 +178,9 @@ def test_default_config_is_valid(group_size):
       check_mosaic_shape(cfg, m=m, k=k, group_size=gs)
       assert mosaic_smem_bytes(cfg, m=m, asym=True) <= SMEM_BYTES
       if gs >= 128:
-        assert cfg.block_k == 512                      # widest step the groups allow
+        # Widest step the groups allow; 256 for weights of at most 8192 x 8192 (H200 sweep).
+        assert cfg.block_k == (256 if k * n <= layout.SMALL_WEIGHT else 512)
+        assert cfg.block_k == layout.default_block_k(k, n, gs)   # what prepare_mosaic packs
       if gs >= 64:
         assert cfg.block_k >= 256                      # 128-byte swizzle (planes of >= 64)
   cfg = default_mosaic_config(m=1, k=28672, n=8192, group_size=128)
