@@ -46,6 +46,15 @@ def test_default_config_fits_shared_memory(h):
   assert kernels.smem_bytes(st=st, head_dim=padded_head_dim(h), itemsize=2) <= ops.SMEM_LIMIT_BYTES
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_default_config_flags_by_mask(masked):
+  """H200 session 6: masked calls pin the softmax and release slots on hardware barriers and
+  run one CTA per tile; unmasked calls run persistent without those two flags."""
+  cfg = default_config(head_dim=128, seq_k=1024, masked=masked)
+  assert (cfg.pin_softmax, cfg.named_free, cfg.persistent) == (masked, masked, not masked)
+  assert not cfg.bwd_fused_dq and not cfg.dynamic_schedule        # measured slower: opt-in
+
+
 def test_float32_is_not_implemented_so_dispatch_falls_back():
   q = jnp.zeros((1, 8, 2, 64), jnp.float32)
   with pytest.raises(NotImplementedError, match="float32"):
