@@ -324,7 +324,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
       pin_softmax=cfg.pin_softmax,
-      named_free=cfg.named_free and not interpret and not (cfg.overlap and not interpret))
+      named_free=cfg.named_free and not interpret and not cfg.overlap)
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   if cfg.persistent and not has_meta and q_seg is None and not st.overlap:
