@@ -81,26 +81,23 @@ def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicC
   # Smaller CTAs first (more warpgroups dequantizing per SM: on the H200 6- and 8-deep rings,
   # one CTA per SM, were 25-30% slower than 4-deep ones, two CTAs per SM; fold_zero 1.6-1.8x
   # slower, so it is no longer swept: benchmarks/NOTES.md, session 5).
-  # Session 6: one step of wgmmas in flight (``pipeline``), with the 256-row steps that leave
-  # room for it at M = 16 and use fewer registers (more CTAs per SM).
-  cands = [rep(base, pipeline=True), rep(base, block_k=256),
-           rep(base, block_k=256, pipeline=True),
-           rep(base, block_k=256, pipeline=True, num_stages=6),
-           rep(base, block_k=256, pipeline=True, block_n=64),
-           rep(base, num_stages=2), rep(base, num_stages=3),
+  # Session 6: ``pipeline`` (one step of wgmmas in flight) was 7-60% slower everywhere, so only
+  # one such candidate is kept, last but one; 256-row steps won at 8192 x 8192.
+  cands = [rep(base, block_k=256), rep(base, num_stages=2), rep(base, num_stages=3),
            rep(base, block_k=256, num_stages=6), rep(base, registers_a=False),
            rep(base, block_n=64, num_stages=4), rep(base, block_n=256, num_stages=2),
            rep(base, split_k=base.split_k * 2), rep(base, split_k=max(1, base.split_k // 2)),
            rep(base, num_stages=2), rep(base, num_stages=4), rep(base, block_k=256),
-           rep(base, block_n=64, num_stages=2, split_k=base.split_k * 2)]
+           rep(base, block_n=64, num_stages=2, split_k=base.split_k * 2),
+           rep(base, block_k=256, pipeline=True)]
   out = [base]
   for c in cands[: 2 if quick else None]:
     try:
       c = w4_mosaic.resolve_config(c, m=m, k=k, n=n, group_size=GROUP, asym=True)
     except NotImplementedError:
       continue
-    gps = max(1, c.block_k // GROUP)
-    if c.pipeline and (4 * gps + 1) * mosaic_m_pad(m) // 2 > w4_mosaic.PIPELINE_REGISTERS:
+    if c.pipeline and not w4_mosaic.pipeline_fits(
+        groups_per_step=max(1, c.block_k // GROUP), m_pad=mosaic_m_pad(m)):
       continue                                     # not honoured there: same as without
     if c not in out:
       out.append(c)
@@ -136,9 +133,6 @@ def sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[Config]:
       c = w4_triton.resolve_config(c, m=m, k=k, n=n, group_size=GROUP)
     except NotImplementedError:
       continue
-    gps = max(1, c.block_k // GROUP)
-    if c.pipeline and (4 * gps + 1) * mosaic_m_pad(m) // 2 > w4_mosaic.PIPELINE_REGISTERS:
-      continue                                     # not honoured there: same as without
     if c not in out:
       out.append(c)
   return out

@@ -196,7 +196,7 @@ class MosaicConfig:
   on the ALU. The tensor cores are nearly idle at decode (N = m_pad <= 64); the accumulator then
   holds sums ~(B + q) / (q - z) ~ 20-140x larger before they cancel, so its float32 rounding
   matters more (to be checked against the 1e-3 error bar on the GPU).
-  ``pipeline`` (with ``registers_a``, compiled only; not yet measured, off): keep one step of
+  ``pipeline`` (with ``registers_a``, compiled only; 7-60% slower on the H200, off): keep one step of
   wgmmas in flight: step t's planes are dequantized and issued while step t - 1's run, then
   t - 1 is retired (two sets of group accumulators, even and odd steps). Ignored where those
   float32 tiles would not fit the register budget (``(4 groups per step + 1) * m_pad / 2 <=

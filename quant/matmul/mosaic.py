@@ -83,6 +83,13 @@ ACC_COLUMNS = 64       # register budget of the live group accumulators (float32
 PIPELINE_REGISTERS = 96   # per-thread budget of the pipelined loop's float32 tiles
 
 
+def pipeline_fits(*, groups_per_step: int, m_pad: int) -> bool:
+  """Whether ``MosaicConfig.pipeline`` is honoured: its float32 [64, m_pad] tiles (two sets of
+  group accumulators, the previous values of both and the total; m_pad / 2 registers a thread
+  each) stay within ``PIPELINE_REGISTERS`` registers a thread."""
+  return (4 * groups_per_step + 1) * m_pad // 2 <= PIPELINE_REGISTERS
+
+
 @dataclasses.dataclass(frozen=True)
 class Statics:
   """Everything static about one kernel launch (hashable)."""
@@ -124,10 +131,8 @@ class Statics:
 
   @property
   def pipeline_fits(self) -> bool:
-    """Whether the pipelined loop's float32 [64, m_pad] tiles (two sets of group accumulators,
-    the previous values of both and the total; m_pad / 2 registers a thread each) stay within
-    ``PIPELINE_REGISTERS`` registers a thread."""
-    return (4 * self.groups_per_step + 1) * self.m_pad // 2 <= PIPELINE_REGISTERS
+    """See ``pipeline_fits``."""
+    return pipeline_fits(groups_per_step=self.groups_per_step, m_pad=self.m_pad)
 
   @property
   def steps_per_group(self) -> int:
