@@ -2,10 +2,11 @@
 
 Costs compile time only (each kernel runs once). Mosaic GPU reads its dump switches from the
 environment when it compiles, so they are set here before jax is imported:
-MOSAIC_GPU_DUMP_PTX / _PTXAS / _SASS and MOSAIC_GPU_DUMP_TO=<dir>. The files land in
-``OUT/sass/`` and ``OUT/sass_summary.json`` lists, per dumped module, the registers, spill
-stores/loads and stack frame that ptxas reported (the questions METHOD.md says to answer from
-the compiler before spending device time on timing):
+MOSAIC_GPU_DUMP_PTX / _PTXAS / _SASS and MOSAIC_GPU_DUMP_TO=<dir>. ptxas's reports and the
+SASS land in ``OUT/mosaic_dump.tar.gz``; ``OUT/sass_summary.json`` lists, per dumped module
+(and which job compiled it), the registers, spill stores/loads and stack frame that ptxas
+reported (the questions METHOD.md says to answer from the compiler before spending device time
+on timing):
 
   PYTHONPATH=$PWD python3 benchmarks/dump_sass.py --out $OUT [--only w4a16,attn_fwd,attn_bwd]
 """
@@ -16,7 +17,10 @@ import glob
 import json
 import os
 import re
+import shutil
 import sys
+import tarfile
+import tempfile
 import traceback
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +33,7 @@ def _summarise(dump_dir: str) -> list[dict]:
     if "ptxas" not in os.path.basename(path):
       continue
     text = open(path, errors="replace").read()
-    entry = dict(file=os.path.basename(path), functions=[])
+    entry = dict(file=os.path.basename(path), job=None, functions=[])
     for fn in re.finditer(r"Compiling entry function '([^']+)'(.*?)(?=Compiling entry function|\Z)",
                           text, re.S):
       body = fn.group(2)
@@ -49,8 +53,15 @@ def main() -> int:
   ap.add_argument("--out", required=True)
   ap.add_argument("--only", default="w4a16,attn_fwd,attn_bwd")
   args = ap.parse_args()
-  dump_dir = os.path.join(args.out, "sass")
-  os.makedirs(dump_dir, exist_ok=True)
+  # Mosaic also dumps MLIR at every pass (large, many files): dump to a scratch folder and keep
+  # only ptxas's reports and the SASS, packed in one archive.
+  dump_dir = tempfile.mkdtemp(prefix="mosaic_dump_")
+  os.makedirs(args.out, exist_ok=True)
+  for cand in ("/usr/local/cuda/bin", *glob.glob("/usr/local/cuda*/bin"),
+               *glob.glob("/opt/nvidia/*/bin")):
+    if os.path.exists(os.path.join(cand, "nvdisasm")):
+      os.environ["PATH"] = cand + os.pathsep + os.environ.get("PATH", "")
+      break
   for flag in ("PTX", "PTXAS", "SASS"):
     os.environ[f"MOSAIC_GPU_DUMP_{flag}"] = "1"
   os.environ["MOSAIC_GPU_DUMP_TO"] = dump_dir
@@ -96,20 +107,30 @@ def main() -> int:
       jax.block_until_ready(g(q, k, v))
   jobs["attn_bwd"] = attn_bwd
 
-  status = {}
+  status, made_by = {}, {}
   for name in args.only.split(","):
+    before = set(os.listdir(dump_dir))
     try:
       jobs[name]()
       status[name] = "ok"
     except Exception as e:  # keep going: the other kernels' reports are still worth having
       status[name] = f"{type(e).__name__}: {e}"[:2000]
       traceback.print_exc()
-  summary = dict(status=status, modules=_summarise(dump_dir))
+    for f in set(os.listdir(dump_dir)) - before:
+      made_by[f] = name
+  modules = _summarise(dump_dir)
+  for mod in modules:
+    mod["job"] = made_by.get(mod["file"])
+  summary = dict(status=status, modules=modules, nvdisasm=shutil.which("nvdisasm"))
+  with tarfile.open(os.path.join(args.out, "mosaic_dump.tar.gz"), "w:gz") as tar:
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*"))):
+      if re.search(r"(ptxas|resources|sass)", os.path.basename(path)):
+        tar.add(path, arcname=os.path.basename(path))
   with open(os.path.join(args.out, "sass_summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   for mod in summary["modules"]:
     for fn in mod["functions"]:
-      print(f"{mod['file'][:60]:60s} regs={fn['registers']} stack={fn['stack_bytes']} "
+      print(f"{mod['job']} {mod['file'][:50]:50s} {fn['name'][:40]:40s} regs={fn['registers']} stack={fn['stack_bytes']} "
             f"spill_st={fn['spill_stores']} spill_ld={fn['spill_loads']}")
   print(json.dumps(status))
   return 0

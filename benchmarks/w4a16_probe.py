@@ -1,0 +1,180 @@
+"""Where does the Mosaic W4A16 decode kernel spend its time? Leave-one-stage-out timings.
+
+METHOD.md's way of placing time inside a kernel without hardware counters: time variants that
+leave one stage out and take differences. Each variant below re-traces
+``quant.matmul.mosaic`` with one piece replaced (by patching the names the kernel body looks
+up at trace time; the library is not changed), so its output is WRONG on purpose and is not
+checked -- only the base variant's error is:
+
+  base      the shipped kernel (default config)
+  nodq      no dequantization: the int16 codes are bitcast straight to the operand dtype
+            (shift/and/or gone; the bf16x2 subtract of B + z stays)
+  half_mma  planes 1 and 3 of every step skipped (their wgmmas, and their dequant, which is
+            then dead code): half the tensor-core and ALU work, the same bytes
+  no_mma    no wgmma at all (and so no code loads or dequant): the TMA ring, barriers and
+            scale loads only -- the memory pipeline's own ceiling
+  no_mma_s2 / no_mma_s6 / no_mma_n128 / base_s2 / base_s6 / base_n128: ring depth and CTA width
+
+Also the per-kernel breakdown of one call (CUPTI, ``aggregate=False``): the int4 kernel and the
+XLA kernels around it (x's pad/plane transpose, the split-K sum/slice/transpose/cast).
+
+  PYTHONPATH=$PWD python3 benchmarks/w4a16_probe.py --out $OUT [--budget-s 150]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _p in (os.path.dirname(_HERE), _HERE):
+  if _p not in sys.path:
+    sys.path.insert(0, _p)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: E402
+
+import quant  # noqa: E402
+import timing  # noqa: E402
+from quant.matmul import layout  # noqa: E402
+from quant.matmul import mosaic as w4  # noqa: E402
+from quant.matmul.config import default_mosaic_config  # noqa: E402
+
+SHAPES = ((1, 8192, 28672), (1, 8192, 8192), (16, 8192, 28672))
+L2_BYTES = 60e6
+HBM_TBPS = 4.4
+
+
+class _Plgpu:
+  """``plgpu`` with ``wgmma`` replaced; everything else passes through."""
+
+  def __init__(self, wgmma):
+    self.wgmma = wgmma
+
+  def __getattr__(self, name):
+    return getattr(plgpu, name)
+
+
+def _skip_odd_planes():
+  calls = [0]
+
+  def wgmma(acc, a, b, **kw):
+    i = calls[0]
+    calls[0] += 1
+    if i % 2 == 0:
+      plgpu.wgmma(acc, a, b, **kw)
+  return _Plgpu(wgmma)
+
+
+PATCHES = {
+    "base": {},
+    "nodq": dict(_codes=lambda codes, p, st: lax.bitcast_convert_type(codes, st.dtype)),
+    "half_mma": dict(plgpu=_skip_odd_planes),
+    "no_mma": dict(plgpu=lambda: _Plgpu(lambda *a, **k: None)),
+}
+VARIANTS = (  # name, patch, config overrides
+    ("base", "base", {}), ("nodq", "nodq", {}), ("half_mma", "half_mma", {}),
+    ("no_mma", "no_mma", {}), ("no_mma_s2", "no_mma", dict(num_stages=2)),
+    ("no_mma_s6", "no_mma", dict(num_stages=6)), ("no_mma_n128", "no_mma", dict(block_n=128)),
+    ("base_s2", "base", dict(num_stages=2)), ("base_s6", "base", dict(num_stages=6)),
+    ("base_n128", "base", dict(block_n=128)),
+)
+
+
+def _apply(patch: str):
+  """Installs one patch into the kernel module; returns the originals to restore."""
+  saved = {}
+  for name, value in PATCHES[patch].items():
+    saved[name] = getattr(w4, name)
+    setattr(w4, name, value() if name == "plgpu" else value)
+  return saved
+
+
+def _breakdown(fn, args, iterations=10):
+  from jax.experimental.mosaic.gpu import profiler
+  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
+  names = [n for n, _ in per_iter[0]]
+  return [dict(kernel=n, ms=statistics.median(it[i][1] for it in per_iter))
+          for i, n in enumerate(names)]
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--budget-s", type=float, default=150.0)
+  ap.add_argument("--iters", type=int, default=20)
+  ap.add_argument("--quick", action="store_true", help="CPU: interpret mode, tiny shapes")
+  args = ap.parse_args()
+  shapes = ((1, 512, 128),) if args.quick else SHAPES
+  interp = dict(interpret=True) if args.quick else {}
+  os.makedirs(args.out, exist_ok=True)
+  start = time.time()
+  results = dict(meta=timing.metadata(), rows=[])
+  path = os.path.join(args.out, "w4a16_probe.json")
+  for m, k, n in shapes:
+    copies = 2 if args.quick else max(2, math.ceil(3 * L2_BYTES / (k * n / 2)))
+    keys = jax.random.split(jax.random.key(k + n), copies)
+    qws = [quant.rtn(jax.random.normal(kk, (k, n), jnp.float32), bits=4, group_size=128,
+                     sym=False) for kk in keys]
+    mws = [layout.prepare_mosaic(q) for q in qws]
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+    dense = [quant.dequantize(q, dtype=jnp.bfloat16) for q in qws]
+    row = dict(m=m, k=k, n=n, copies=copies, floor_ms=k * n / 2 / (HBM_TBPS * 1e12) * 1e3)
+    xla = jax.jit(lambda x, ws: [x @ w for w in ws])
+    row["xla_bf16_ms"] = timing.measure(xla, (x, dense), iterations=args.iters).ms / copies
+    del dense
+    ref = jnp.matmul(x.astype(jnp.float32), quant.dequantize(qws[0], dtype=jnp.float32))
+    base_cfg = dataclasses.replace(default_mosaic_config(m=m, k=k, n=n, group_size=128),
+                                   block_k=mws[0].block_k)
+    if args.quick:       # one warpgroup under the interpreter (see quant.matmul.mosaic)
+      base_cfg = dataclasses.replace(base_cfg, block_n=64)
+    row["config"] = dataclasses.asdict(base_cfg)
+    row["variants"] = {}
+    for name, patch, over in VARIANTS:
+      if time.time() - start > args.budget_s or (args.quick and "n128" in name):
+        row["variants"][name] = dict(error="skipped: budget")
+        continue
+      cfg = dataclasses.replace(base_cfg, **over)
+      saved = _apply(patch)
+      entry = {}
+      try:
+        jax.clear_caches()
+        one = jax.jit(lambda x, w: w4.int4_matmul(x, w, config=cfg, **interp))
+        fn = jax.jit(lambda x, ws: [w4.int4_matmul(x, w, config=cfg, **interp) for w in ws])
+        y = one(x, mws[0]).astype(jnp.float32)
+        entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
+        entry["ms"] = timing.measure(fn, (x, mws), iterations=args.iters).ms / copies
+        entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
+        if name == "base" and not args.quick:
+          entry["breakdown_one_call"] = _breakdown(one, (x, mws[0]))
+      except Exception as e:  # pylint: disable=broad-except
+        entry["error"] = f"{type(e).__name__}: {e}"[:1500]
+        traceback.print_exc()
+      finally:
+        for key, value in saved.items():
+          setattr(w4, key, value)
+        jax.clear_caches()
+      row["variants"][name] = entry
+      print(f"{m}x{k}x{n} {name:12s} {entry.get('ms', float('nan')):.4f} ms "
+            f"err={entry.get('rel_err', float('nan')):.2e} {entry.get('error', '')[:200]}",
+            flush=True)
+    results["rows"].append(row)
+    timing.write_json(path, results)
+  for row in results["rows"]:
+    print(f"{row['m']}x{row['k']}x{row['n']}: bf16 {row['xla_bf16_ms']:.4f} floor "
+          f"{row['floor_ms']:.4f}  " + "  ".join(
+              f"{k}={v['ms']:.4f}" for k, v in row["variants"].items() if "ms" in v))
+    if "breakdown_one_call" in row["variants"].get("base", {}):
+      print("   one call:", row["variants"]["base"]["breakdown_one_call"])
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
