@@ -166,22 +166,24 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       bh, tile = lax.div(flat, jnp.int32(n_tiles)), lax.rem(flat, jnp.int32(n_tiles))
       return lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)), tile
   elif st.persistent:
-    # Masked: tiles differ in length (up to n_tiles-fold for causal). Number them by rank
-    # (heaviest first, every (batch, head) of a rank together, as the one-CTA-per-tile grid
-    # launches them). ``st.dynamic``: each CTA claims its next tile from a global counter
-    # (schedule.py). Otherwise deal each round of num_ctas tiles in alternating directions
-    # ("snake"), so every CTA's total stays close; a static deal still leaves SMs idle.
+    # Masked: tiles differ in length (up to n_tiles-fold for causal). Number them as the
+    # one-CTA-per-tile grid launches them: batch slowest, then rank (heaviest first), head
+    # fastest, so that the tiles running together read one batch's K/V from L2. (Rank before
+    # batch spread each wave over every batch's K/V, more than L2 holds at 16x1024x16x128.)
+    # ``st.dynamic``: each CTA claims its next tile from a global counter (schedule.py).
+    # Otherwise deal each round of num_ctas tiles in alternating directions ("snake"), so every
+    # CTA's total stays close; a static deal still leaves SMs idle.
     ctas = st.num_ctas
     rounds, rest = divmod(st.num_tiles, ctas)
     extra = cta < rest if rounds % 2 == 0 else cta >= ctas - rest
     num_local = rounds + extra.astype(jnp.int32)
-    bh_count = st.num_tiles // n_tiles
     flat_of = lambda i: i * ctas + jnp.where(lax.rem(i, 2) == 0, cta, ctas - 1 - cta)
+    per_batch = n_tiles * num_heads
 
     def coords(flat):
-      rank, bh = lax.div(flat, jnp.int32(bh_count)), lax.rem(flat, jnp.int32(bh_count))
-      return (lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)),
-              heavy_first(rank))
+      batch, r = lax.div(flat, jnp.int32(per_batch)), lax.rem(flat, jnp.int32(per_batch))
+      return (batch, lax.rem(r, jnp.int32(num_heads)),
+              heavy_first(lax.div(r, jnp.int32(num_heads))))
   else:
     num_local = flat_of = None
     coords = lambda _: (lax.axis_index("batch"), lax.axis_index("heads"),
