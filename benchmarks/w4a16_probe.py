@@ -14,6 +14,7 @@ checked -- only the base variant's error is:
   no_mma    no wgmma at all (and so no code loads or dequant): the TMA ring, barriers and
             scale loads only -- the memory pipeline's own ceiling
   no_mma_s2 / no_mma_s6 / no_mma_n128 / base_s2 / base_s6 / base_n128: ring depth and CTA width
+  direct / direct_s2: a candidate (``MosaicConfig.direct_io``), error checked like base
 
 Also the per-kernel breakdown of one call (CUPTI, ``aggregate=False``): the int4 kernel and the
 XLA kernels around it (x's pad/plane transpose, the split-K sum/slice/transpose/cast).
@@ -85,6 +86,8 @@ VARIANTS = (  # name, patch, config overrides
     ("no_mma_s6", "no_mma", dict(num_stages=6)), ("no_mma_n128", "no_mma", dict(block_n=128)),
     ("base_s2", "base", dict(num_stages=2)), ("base_s6", "base", dict(num_stages=6)),
     ("base_n128", "base", dict(block_n=128)),
+    ("direct", "base", dict(direct_io=True)),         # a candidate, not a probe: checked
+    ("direct_s2", "base", dict(direct_io=True, num_stages=2)),
 )
 
 
@@ -111,6 +114,7 @@ def main() -> int:
   ap.add_argument("--budget-s", type=float, default=150.0)
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--quick", action="store_true", help="CPU: interpret mode, tiny shapes")
+  ap.add_argument("--variants", default="", help="comma list of variant names (default: all)")
   args = ap.parse_args()
   shapes = ((1, 512, 128),) if args.quick else SHAPES
   interp = dict(interpret=True) if args.quick else {}
@@ -137,7 +141,10 @@ def main() -> int:
       base_cfg = dataclasses.replace(base_cfg, block_n=64)
     row["config"] = dataclasses.asdict(base_cfg)
     row["variants"] = {}
+    chosen = set(filter(None, args.variants.split(","))) or {v[0] for v in VARIANTS}
     for name, patch, over in VARIANTS:
+      if name not in chosen:
+        continue
       if time.time() - start > args.budget_s or (args.quick and "n128" in name):
         row["variants"][name] = dict(error="skipped: budget")
         continue
@@ -152,7 +159,7 @@ def main() -> int:
         entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
         entry["ms"] = timing.measure(fn, (x, mws), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
-        if name == "base" and not args.quick:
+        if name in ("base", "direct") and not args.quick:
           entry["breakdown_one_call"] = _breakdown(one, (x, mws[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]
@@ -171,8 +178,9 @@ def main() -> int:
     print(f"{row['m']}x{row['k']}x{row['n']}: bf16 {row['xla_bf16_ms']:.4f} floor "
           f"{row['floor_ms']:.4f}  " + "  ".join(
               f"{k}={v['ms']:.4f}" for k, v in row["variants"].items() if "ms" in v))
-    if "breakdown_one_call" in row["variants"].get("base", {}):
-      print("   one call:", row["variants"]["base"]["breakdown_one_call"])
+    for name in ("base", "direct"):
+      if "breakdown_one_call" in row["variants"].get(name, {}):
+        print(f"   one call ({name}):", row["variants"][name]["breakdown_one_call"])
   return 0
 
 

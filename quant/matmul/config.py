@@ -201,6 +201,10 @@ class MosaicConfig:
   t - 1 is retired (two sets of group accumulators, even and odd steps). Ignored where those
   float32 tiles would not fit the register budget (``(4 groups per step + 1) * m_pad / 2 <=
   96`` registers a thread: m_pad 8 at block_k 512 and g128, up to 16 at block_k 256).
+  ``direct_io``: the kernel's TMA reads x as ``[M, K]`` (one box per plane, rows >= M and
+  columns >= K zero-filled) and, with one K split and no bias, writes y ``[M, N]`` in x's
+  dtype, instead of XLA padding / plane-transposing x before the launch and slicing /
+  transposing / casting the float32 partials after it (two small kernels).
   """
   block_n: int = 128
   block_k: int = 512
@@ -209,6 +213,7 @@ class MosaicConfig:
   registers_a: bool = True
   fold_zero: bool = False
   pipeline: bool = False
+  direct_io: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):

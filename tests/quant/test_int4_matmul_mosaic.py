@@ -404,6 +404,51 @@ def test_lowering_pipeline_keeps_one_step_in_flight(monkeypatch, m, block_k, gro
   assert waits.count(layout.PLANES) == gps * (traced - 1) and waits.count(0) == gps, waits
 
 
+@pytest.mark.parametrize("m,k,n,split_k,bias", [
+    (1, 512, 128, 1, False),        # x and y straight through the TMA unit
+    (3, 1000, 200, 1, False),       # K and N off the tile: zero-filled / clipped boxes
+    (5, 1024, 256, 2, False),       # two K splits: x direct, partials reduced by XLA
+    (2, 512, 128, 1, True),         # bias: x direct, y through XLA (one rounding)
+    (16, 520, 136, 1, False),
+], ids=["decode", "ragged", "split2", "bias", "m16_ragged"])
+def test_direct_io_is_bitwise_equal(m, k, n, split_k, bias):
+  """``MosaicConfig.direct_io`` changes where x and y are laid out, not the arithmetic."""
+  qw = _weight(k, n, group_size=128 if k % 128 == 0 else -1, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  b = _x(1, n, BF16, seed=2)[0] if bias else None
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2, split_k=split_k)
+  outs = [w4_mosaic.int4_matmul(x, qw, bias=b, interpret=True,
+                                config=dataclasses.replace(cfg, direct_io=d)) for d in (False, True)]
+  assert outs[1].shape == (m, n) and outs[1].dtype == BF16
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
+  _check(outs[1], x, qw, b)
+
+
+@pytest.mark.parametrize("m,k,n,split_k,bias,expect_x,expect_out", [
+    (1, 8192, 28672, 1, False, True, True), (16, 8192, 200, 1, False, True, False),
+    (2, 8192, 1024, 4, False, True, False), (2, 8192, 1024, 1, True, True, False),
+    (4, 8192, 192, 1, False, True, True)], ids=["decode", "ragged_n", "split4", "bias", "m4"])
+def test_lowering_direct_io(m, k, n, split_k, bias, expect_x, expect_out):
+  """Compiled form: x is consumed as [M, K] by one TMA per plane (no XLA transpose before the
+  kernel) and y [M, N] comes out of it (no XLA slice after it) where the shape allows: one K
+  split, no bias, N a multiple of 64."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  qw = _abstract_weight(k, n, group_size=-1 if k % 128 else 128, sym=False, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=256), qw)
+  x = jax.ShapeDtypeStruct((m, k), BF16)
+  b = jax.ShapeDtypeStruct((n,), BF16) if bias else None
+  cfg = MosaicConfig(block_n=64, block_k=256, split_k=split_k, direct_io=True)
+  f = lambda x, mw, b: w4_mosaic.int4_matmul(x, mw, bias=b, config=cfg, interpret=False)
+  with _h200():
+    hlo = jax.jit(f).trace(x, mw, b).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in hlo
+  assert ("transpose" not in hlo.split("mosaic_gpu")[0]) == expect_x    # before the kernel
+  call = [line for line in hlo.splitlines() if "mosaic_gpu" in line and "custom_call" in line][0]
+  out_type = call.split("->")[-1]
+  assert (f"tensor<{m}x{n}xbf16>" in out_type) == expect_out, out_type
+
+
 def test_compiled_call_declines_a_plain_quantized_weight():
   """Repacking per call would cost a full pass over the weight: dispatch goes to Triton."""
   qw = _abstract_weight(4096, 1024, group_size=128, sym=False, act_order=False)
@@ -427,3 +472,20 @@ def test_compiled_on_gpu(m, group_size, sym, act_order):
   mw = layout.prepare_mosaic(qw, block_k=default_mosaic_config(
       m=m, k=qw.shape[0], n=qw.shape[1], group_size=qw.group_size).block_k)
   _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False), x, qw, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 1024), (16, 2048, 640), (5, 1024, 200)])
+def test_compiled_direct_io_is_bitwise_equal(m, k, n):
+  """Compiled: the TMA-direct x/y path (zero-filled x rows and columns, clipped y rows) gives
+  the same bits as the XLA pad/transpose path."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(k, n, group_size=128, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  mw = layout.prepare_mosaic(qw, block_k=256)
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=4)
+  outs = [w4_mosaic.int4_matmul(x, mw, interpret=False,
+                                config=dataclasses.replace(cfg, direct_io=d)) for d in (False, True)]
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
+  _check(outs[1], x, qw, None)
