@@ -124,9 +124,11 @@ def padded_head_dim(head_dim: int) -> int:
 def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
 
-  ``masked``: a causal / windowed call. The persistent launch is used only without such a mask:
-  on the H200 it made unmasked rows 0-15% faster (T = 16384 to T = 1024) but causal rows 5-50%
-  slower (a static round-robin over tiles of very different lengths leaves SMs idle at the end).
+  ``masked``: a causal / windowed call. Without such a mask the persistent launch made rows
+  0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
+  different lengths leaves SMs idle (5-50% slower), so masked calls take the persistent launch
+  only with the dynamic tile counter (``dynamic_schedule``), and only up to 4096 keys (measured
+  there: 6-18% faster than one CTA per tile).
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
@@ -144,5 +146,12 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # Masked calls: softmax pinned before the P V turn and K/V slots released on hardware
   # barriers: 2.1% faster forward and 1.0% faster fwd+bwd on causal 16x1024x16x128 (H200,
   # session 6; the unmasked row was 0.8% slower forward with both, so they stay off there).
+  # Masked calls up to 4096 keys: persistent with the dynamic tile counter (schedule.py), tiles
+  # in the grid's launch order (batch slowest, heaviest rank first, head fastest): causal
+  # forward 0.1707 -> 0.1442 ms at 16x1024x16x128 and 0.4535 -> 0.4281 at 4x4096x16x128 (cuDNN
+  # 0.1524 / 0.4632; H200, session 7). Longer causal rows were 1.4% slower with the counter in
+  # the older, L2-hostile order and are not yet re-measured: they keep the grid.
+  short = seq_k <= 4096
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
-                persistent=not masked, pin_softmax=masked, named_free=masked)
+                persistent=not masked or short, dynamic_schedule=masked and short,
+                pin_softmax=masked, named_free=masked)

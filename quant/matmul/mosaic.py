@@ -661,12 +661,14 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                          and not cfg.fold_zero))
   # The TMA unit reads x [M, K] and writes y [M, N] in place of XLA's pad/transpose before the
   # kernel and slice/transpose/cast after it (two small launches, ~1.2-1.7 us each on the H200
-  # at M = 1: 5% of the call at 8192 x 28672, 17% at 8192 x 8192). TMA needs 16-byte row
-  # strides (K a multiple of 8); the output path needs whole 64-feature tiles (Mosaic rejects
-  # a partial box along a tiled dimension), one K split and no bias (adding the bias after a
-  # rounding to x's dtype would round twice).
-  direct_x = cfg.direct_io and k % 8 == 0
-  direct_out = cfg.direct_io and cfg.split_k == 1 and bias is None and static.n % BN == 0
+  # at M = 1: 5% of the call at 8192 x 28672, 17% at 8192 x 8192). Mosaic's TMA boxes want
+  # each tiled GMEM dimension smaller than or a multiple of its tile (8 rows; min(span2, 64)
+  # columns of x, 64 features of y); the output path also needs one K split and no bias
+  # (adding the bias after a rounding to x's dtype would round twice). Otherwise XLA does it.
+  rows_ok = m <= 8 or m % 8 == 0
+  direct_x = cfg.direct_io and rows_ok and k % min(span2, 64) == 0
+  direct_out = (cfg.direct_io and rows_ok and cfg.split_k == 1 and bias is None
+                and static.n % BN == 0)
   st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits, direct_x=direct_x,
                            direct_out=direct_out)
   if direct_x:

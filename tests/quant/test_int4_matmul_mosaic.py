@@ -427,11 +427,13 @@ def test_direct_io_is_bitwise_equal(m, k, n, split_k, bias):
 @pytest.mark.parametrize("m,k,n,split_k,bias,expect_x,expect_out", [
     (1, 8192, 28672, 1, False, True, True), (16, 8192, 200, 1, False, True, False),
     (2, 8192, 1024, 4, False, True, False), (2, 8192, 1024, 1, True, True, False),
-    (4, 8192, 192, 1, False, True, True)], ids=["decode", "ragged_n", "split4", "bias", "m4"])
+    (4, 8192, 192, 1, False, True, True), (31, 8192, 1024, 1, False, False, False),
+    (2, 264, 1024, 1, False, False, True)],
+    ids=["decode", "ragged_n", "split4", "bias", "m4", "m31", "k264"])
 def test_lowering_direct_io(m, k, n, split_k, bias, expect_x, expect_out):
   """Compiled form: x is consumed as [M, K] by one TMA per plane (no XLA transpose before the
-  kernel) and y [M, N] comes out of it (no XLA slice after it) where the shape allows: one K
-  split, no bias, N a multiple of 64."""
+  kernel) and y [M, N] comes out of it (no XLA slice after it) where the shape allows: M <= 8
+  or a multiple of 8, K a multiple of 64 (x), one K split, no bias, N a multiple of 64 (y)."""
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
   qw = _abstract_weight(k, n, group_size=-1 if k % 128 else 128, sym=False, act_order=False)
