@@ -75,8 +75,10 @@ class Config:
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin
       successor through the same hand-over). Not under shard_map-varying operands (the
-      static deal runs there). Off: on the H200, causal rows ran 1.4-5% slower than the
-      one-CTA-per-tile grid (benchmarks/NOTES.md, session 6).
+      one-CTA-per-tile grid runs there). Tiles are numbered as the grid launches them
+      (batch slowest, heaviest rank first, head fastest) for L2 reuse; on the H200 that made
+      causal forwards 6-18% faster than the grid at T = 1024 / 4096 (benchmarks/NOTES.md,
+      session 7), so ``default_config`` turns it on for masked calls up to 4096 keys.
   """
   block_q: int = 64
   block_kv: int = 128

@@ -4,7 +4,8 @@ A persistent launch runs one CTA per SM; each CTA loops over (batch, head, query
 a causal or window mask the tiles' lengths differ up to ``n_tiles``-fold, and any static deal of
 tiles to CTAs leaves SMs idle at the end (H200, session 4: round-robin 1.04-1.5x slower than the
 one-CTA-per-tile grid, a "snake" deal still 1-5% slower). Here a CTA takes its next tile from a
-global counter instead, the greedy longest-first rule: tiles are numbered heaviest first, CTA c
+global counter instead, the greedy longest-first rule: tiles are numbered heaviest first within
+each batch (head fastest, as the grid launches them, so concurrent tiles share K/V in L2), CTA c
 starts on tile c, and whenever a CTA starts a tile it claims the next unclaimed one with an
 atomic fetch-add, ``next = num_ctas + atomicAdd(counter, 1)``. A CTA that drew short tiles simply
 draws more of them.
