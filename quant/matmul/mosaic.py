@@ -659,9 +659,10 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                fold_zero=not static.interpret and cfg.registers_a and cfg.fold_zero,
                pipeline=(not static.interpret and cfg.registers_a and cfg.pipeline
                          and not cfg.fold_zero))
-  # The TMA unit reads x [M, K] and writes y [M, N] in place of XLA's pad/transpose before the
-  # kernel and slice/transpose/cast after it (two small launches, ~1.2-1.7 us each on the H200
-  # at M = 1: 5% of the call at 8192 x 28672, 17% at 8192 x 8192). Mosaic's TMA boxes want
+  # ``direct_io`` (opt-in): the TMA unit reads x [M, K] and writes y [M, N] in place of XLA's
+  # pad/transpose before the kernel and slice/transpose/cast after it (two small launches,
+  # ~1.2-1.7 us each on the H200 at M = 1), but the kernel's four x boxes per step cost about
+  # as much (net -1% to +4%, benchmarks/NOTES.md, session 7). Mosaic's TMA boxes want
   # each tiled GMEM dimension smaller than or a multiple of its tile (8 rows; min(span2, 64)
   # columns of x, 64 features of y); the output path also needs one K split and no bias
   # (adding the bias after a rounding to x's dtype would round twice). Otherwise XLA does it.
