@@ -61,6 +61,14 @@ def test_default_config_flags_by_mask(masked, seq_k):
   assert not cfg.bwd_fused_dq                                     # measured slower: opt-in
 
 
+@pytest.mark.parametrize("h", [64, 256])
+@pytest.mark.parametrize("masked", [False, True])
+def test_default_config_keeps_the_grid_off_head_dim_128(h, masked):
+  """The persistent launch is default only where it ran compiled at scale (H = 128)."""
+  cfg = default_config(head_dim=h, seq_k=4096, masked=masked)
+  assert not cfg.persistent and not cfg.dynamic_schedule
+
+
 def test_shard_map_masked_call_keeps_the_grid_without_the_counter(monkeypatch):
   """Inside shard_map the counter (a fresh mutable ref) is unavailable; a masked call that asked
   for it runs one CTA per tile rather than the static deal (measured 18% slower)."""
@@ -72,8 +80,8 @@ def test_shard_map_masked_call_keeps_the_grid_without_the_counter(monkeypatch):
     return real(st=st, **kw)
   monkeypatch.setattr(ops.kernels, "smem_bytes", spy)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
-  q = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
-  cfg = default_config(head_dim=64, seq_k=128, masked=True)
+  q = jnp.zeros((1, 128, 2, 128), jnp.bfloat16)
+  cfg = default_config(head_dim=128, seq_k=128, masked=True)
   assert cfg.persistent and cfg.dynamic_schedule
   spec = jax.sharding.PartitionSpec(None, None, "x")
   f = jax.shard_map(lambda q: flash_attention(q, q, q, causal=True, implementation="mosaic",
