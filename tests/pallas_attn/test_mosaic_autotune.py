@@ -74,3 +74,9 @@ def test_search_space_keeps_the_default_flags(causal):
     for field in Config.__dataclass_fields__:
       if field not in varied:
         assert getattr(cfg, field) == getattr(base, field), field
+
+
+def test_search_space_tries_the_persistent_launch_only_at_head_dim_128():
+  for h, expect in ((64, {False}), (128, {False, True}), (256, {False})):
+    space = autotune.search_space(head_dim=h, seq_k=4096, causal=False)
+    assert {cfg.persistent for cfg in space} == expect, h
