@@ -57,8 +57,13 @@ def main() -> int:
   # only ptxas's reports and the SASS, packed in one archive.
   dump_dir = tempfile.mkdtemp(prefix="mosaic_dump_")
   os.makedirs(args.out, exist_ok=True)
+  # The device image had no nvdisasm on the PATH (session 7); Triton's wheel carries one.
+  site = os.path.dirname(os.path.dirname(os.__file__))
   for cand in ("/usr/local/cuda/bin", *glob.glob("/usr/local/cuda*/bin"),
-               *glob.glob("/opt/nvidia/*/bin")):
+               *glob.glob("/opt/nvidia/*/bin"),
+               *glob.glob(os.path.join(site, "site-packages/triton/backends/nvidia/bin")),
+               *glob.glob(os.path.join(site, "site-packages/nvidia/*/bin")),
+               *glob.glob("/opt/*/.venv/lib/python3*/site-packages/triton/backends/nvidia/bin")):
     if os.path.exists(os.path.join(cand, "nvdisasm")):
       os.environ["PATH"] = cand + os.pathsep + os.environ.get("PATH", "")
       break
@@ -108,8 +113,24 @@ def main() -> int:
   jobs["attn_bwd"] = attn_bwd
 
   status, made_by = {}, {}
+
+  def write_summary():
+    """Rewritten after every job, so a job that never returns leaves the earlier reports."""
+    modules = _summarise(dump_dir)
+    for mod in modules:
+      mod["job"] = made_by.get(mod["file"])
+    summary = dict(status=status, modules=modules, nvdisasm=shutil.which("nvdisasm"))
+    with tarfile.open(os.path.join(args.out, "mosaic_dump.tar.gz"), "w:gz") as tar:
+      for path in sorted(glob.glob(os.path.join(dump_dir, "*"))):
+        if re.search(r"(ptxas|resources|sass)", os.path.basename(path)):
+          tar.add(path, arcname=os.path.basename(path))
+    with open(os.path.join(args.out, "sass_summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
+    return summary
+
   for name in args.only.split(","):
     before = set(os.listdir(dump_dir))
+    status[name] = "started"
     try:
       jobs[name]()
       status[name] = "ok"
@@ -118,16 +139,7 @@ def main() -> int:
       traceback.print_exc()
     for f in set(os.listdir(dump_dir)) - before:
       made_by[f] = name
-  modules = _summarise(dump_dir)
-  for mod in modules:
-    mod["job"] = made_by.get(mod["file"])
-  summary = dict(status=status, modules=modules, nvdisasm=shutil.which("nvdisasm"))
-  with tarfile.open(os.path.join(args.out, "mosaic_dump.tar.gz"), "w:gz") as tar:
-    for path in sorted(glob.glob(os.path.join(dump_dir, "*"))):
-      if re.search(r"(ptxas|resources|sass)", os.path.basename(path)):
-        tar.add(path, arcname=os.path.basename(path))
-  with open(os.path.join(args.out, "sass_summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+    summary = write_summary()
   for mod in summary["modules"]:
     for fn in mod["functions"]:
       print(f"{mod['job']} {mod['file'][:50]:50s} {fn['name'][:40]:40s} regs={fn['registers']} stack={fn['stack_bytes']} "
