@@ -336,9 +336,9 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
                               atomic_counter=dynamic and not interpret)
     # A masked call that asked for the counter but cannot have it (inside shard_map) keeps one
     # CTA per tile: the static deal measured 18% slower than that grid (causal T = 1024).
-    wanted_dynamic = cfg.dynamic_schedule and not spec.is_trivial
-    if (kernels.smem_bytes(st=pst, head_dim=hp, itemsize=q.dtype.itemsize) <= SMEM_LIMIT_BYTES
-        and dynamic == wanted_dynamic):
+    counter_missing = cfg.dynamic_schedule and not spec.is_trivial and not dynamic
+    if (not counter_missing and
+        kernels.smem_bytes(st=pst, head_dim=hp, itemsize=q.dtype.itemsize) <= SMEM_LIMIT_BYTES):
       st = pst
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
   if smem > SMEM_LIMIT_BYTES:
