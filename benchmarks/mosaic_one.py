@@ -42,6 +42,7 @@ def main() -> int:
   ap.add_argument("--fields", default="", help="Config fields over default_config, a=1,b=x")
   ap.add_argument("--out", default=None, help="JSON-lines file to append the result to")
   ap.add_argument("--iters", type=int, default=10)
+  ap.add_argument("--cudnn", action="store_true", help="also time cuDNN's forward, same inputs")
   args = ap.parse_args()
   b, t, n, h = (int(x) for x in args.shape.split("x"))
   cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=args.causal),
@@ -68,6 +69,12 @@ def main() -> int:
   result["tflops"] = timing.tflops(
       timing.attention_flops(b, n, t, t, h, causal=args.causal, mode="fwd"), result["ms"])
   say(f"timed: {result['ms']:.4f} ms, {result['tflops']:.1f} TFLOP/s")
+  if args.cudnn:
+    peer = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=args.causal, implementation="cudnn"))
+    result["cudnn_ms"] = timing.measure(peer, (q, k, v), iterations=args.iters).ms
+    result["speedup_vs_cudnn"] = result["cudnn_ms"] / result["ms"]
+    say(f"cudnn: {result['cudnn_ms']:.4f} ms, ours is {result['speedup_vs_cudnn']:.2f}x")
   if args.out:
     with open(args.out, "a") as f:
       f.write(json.dumps(result) + "\n")

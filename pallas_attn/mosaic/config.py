@@ -70,7 +70,9 @@ class Config:
       producer streams the next tile's K/V while the consumers finish the current one, and the
       next Q is loaded while O is written. Served when no per-tile metadata is needed (no mask,
       or ``computed_ranges``), without segment ids or ``overlap``, and when Q and O buffers fit
-      in SMEM next to the ring; otherwise the one-CTA-per-tile grid runs.
+      in SMEM next to the ring; otherwise the one-CTA-per-tile grid runs. Compiled with
+      ``block_kv = 256`` the grid runs too: that persistent loop hangs on the H200 (H = 64,
+      session 8), and with 128-key blocks it measured no faster than the grid with 256 there.
     dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin

@@ -327,7 +327,12 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       named_free=cfg.named_free and not interpret and not cfg.overlap)
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
-  if cfg.persistent and not has_meta and q_seg is None and not st.overlap:
+  # Compiled, the persistent loop with 256-key blocks never returns on the H200 (H = 64, full
+  # and causal, 4x4096x32x64 and 4x1024x32x64; it compiles, then hangs; 128-key blocks and the
+  # grid with 256 run: benchmarks/NOTES.md, session 8). Not located (interpret mode cannot run
+  # that form: its P staging leaves no SMEM for it), so the grid runs instead.
+  stalls = cfg.block_kv == 256
+  if cfg.persistent and not has_meta and q_seg is None and not st.overlap and not stalls:
     num_tiles = b * n * (tq // cta_q)
     # The tile counter is a fresh mutable ref, which cannot join shard_map's varying operands.
     dynamic = cfg.dynamic_schedule and not spec.is_trivial and not varying

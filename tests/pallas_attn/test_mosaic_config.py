@@ -375,3 +375,26 @@ def test_causal_grad_lowers_for_sm90_under_a_mesh_context(fused):
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
         lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_persistent_launch_with_256_key_blocks_runs_the_grid_when_compiled(interpret, monkeypatch):
+  """Compiled, the persistent loop with 256-key blocks hung on the H200 (H = 64); the grid runs
+  instead (compiled and interpreted alike); 128-key blocks keep the persistent launch."""
+  launched = []
+  real = ops.kernels.smem_bytes
+
+  def spy(*, st, **kw):
+    launched.append(st)
+    return real(st=st, **kw)
+  monkeypatch.setattr(ops.kernels, "smem_bytes", spy)
+  q = jax.ShapeDtypeStruct((1, 1024, 2, 64), jnp.bfloat16)
+  for block_kv, expect in ((256, False), (128, True)):
+    cfg = Config(block_kv=block_kv, persistent=True)
+    fwd = functools.partial(ops._forward, causal=False, scale=0.125, window=None, softcap=None,
+                            cfg=cfg, hp=64, interpret=interpret)
+    launched.clear()
+    traced = jax.jit(fwd).trace(q, q, q, None, None, None)
+    if not interpret:
+      traced.lower(lowering_platforms=("cuda",))
+    assert launched and launched[-1].persistent == expect, (block_kv, interpret)
