@@ -4,7 +4,9 @@ For each row, the jitted ``jax.vjp`` forward + backward (random cotangent, as ``
 times it) of our Mosaic backend, cuDNN and tokamax's Mosaic backend is run under the Mosaic GPU
 profiler with ``aggregate=False``: the median time of every kernel of one call (our forward, the
 D = rowsum(dO * O) pre-pass, the dQ and dK/dV kernels, XLA's glue), and the total. ``--fields``
-applies Config fields over ``default_config`` (e.g. ``bwd_dq_block_kv=128``) as a variant.
+applies Config fields over ``default_config`` (e.g. ``bwd_dq_block_kv=128``) as a variant;
+each variant's (out, dq, dk, dv) is compared with the default's (max |difference|; a variant
+that does not change the arithmetic must give 0).
 
   PYTHONPATH=$PWD python3 benchmarks/bwd_breakdown.py --out $OUT --rows 16x1024x16x128 \\
       --variant dq128:bwd_dq_block_kv=128
@@ -69,10 +71,20 @@ def main() -> int:
       fns.update(peers(causal, args.peers.split(",")))
       row = {"shape": [b, t, n, h], "causal": causal,
              "flops": timing.attention_flops(b, n, t, t, h, causal=causal, mode="fwdbwd")}
+      base_out = None
       for name, fn in fns.items():
         try:
-          kernels = breakdown(jax.jit(with_grads(fn)), (q, k, v, do))
+          run = jax.jit(with_grads(fn))
+          kernels = breakdown(run, (q, k, v, do))
           row[name] = {"kernels": kernels, "ms": sum(x["ms"] for x in kernels)}
+          if name in cfgs:      # our variants: out, dq, dk, dv against the default's
+            got = run(q, k, v, do)
+            if base_out is None:
+              base_out = got
+            else:
+              row[name]["max_abs_diff_vs_ours"] = [
+                  float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                  for a, b in zip(got, base_out)]
         except Exception as e:  # pylint: disable=broad-except
           row[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         print(text, causal, name, row[name].get("ms"), flush=True)
@@ -88,7 +100,9 @@ def main() -> int:
       r = row[name]
       if "kernels" in r:
         parts = ", ".join(f"{x['kernel'][:40]} {x['ms']:.4f}" for x in r["kernels"])
-        print(f"  {name}: {r['ms']:.4f} ms ({r.get('vs_cudnn', 0):.3f}x cuDNN): {parts}")
+        diff = r.get("max_abs_diff_vs_ours")
+        print(f"  {name}: {r['ms']:.4f} ms ({r.get('vs_cudnn', 0):.3f}x cuDNN): {parts}"
+              + (f"; max |diff| vs ours (out, dq, dk, dv) {diff}" if diff else ""))
       else:
         print(f"  {name}: {r['error'][:200]}")
   return 0

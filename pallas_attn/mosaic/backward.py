@@ -206,19 +206,26 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       def scores(s_acc, dp_acc):
         plgpu.wgmma(s_acc, q_smem, k_smem.at[slot].transpose((1, 0)))
         plgpu.wgmma(dp_acc, do_smem, v_smem.at[slot].transpose((1, 0)))
-        p, t, mask = probs(plgpu.wgmma_accumulator_load(s_acc, wait_n=1), j, masked)
+        s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
+        if st.defer_wait:     # the previous step's dQ wgmma (older than S) is done too
+          pl.when(j > lo)(lambda: release_k(lax.rem(j - 1 - lo, stages)))
+        p, t, mask = probs(s, j, masked)
         return p, t, mask, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
       acc = plgpu.ACC(shape, jnp.float32)
       p, t, mask, dp = pl.run_scoped(scores, acc, acc)
       release_v(slot)
       plgpu.wgmma(dq_acc, grad_logits(p, dp, t, mask), k_smem.at[slot])
-      plgpu.wgmma_wait(0)
-      release_k(slot)
+      if not st.defer_wait:
+        plgpu.wgmma_wait(0)
+        release_k(slot)
       return dq_acc
 
     if st.registers_pv:
       def run(dq_acc):
         _visit(lo, lo_full, hi_full, hi, step_async, dq_acc, st)
+        if st.defer_wait:
+          plgpu.wgmma_wait(0)
+          pl.when(hi > lo)(lambda: release_k(lax.rem(hi - 1 - lo, stages)))
         return dq_acc[...]
       dq = pl.run_scoped(run, plgpu.ACC((bq, q_smem.shape[-1]), jnp.float32))
     else:
@@ -398,15 +405,19 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dK += dS^T Q after it, so the ALU work of each half hides behind a matmul (FA3 Section
       3.3). The accumulators stay in place across the loop."""
       dk_acc, dv_acc = accs
-      slot = lax.rem(n * per_head + (i - lo), stages)
+      step_no = n * per_head + (i - lo)
+      slot = lax.rem(step_no, stages)
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
+      defer = st.defer_wait and not dq_sink
 
       def scores(s_acc, dp_acc):
         plgpu.wgmma(s_acc, k_smem, q_smem.at[slot].transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_smem, do_smem.at[slot].transpose((1, 0)))
-        pt, delta, t, mask = probs_t(plgpu.wgmma_accumulator_load(s_acc, wait_n=1), i, slot,
-                                     masked)
+        s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
+        if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
+          pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
+        pt, delta, t, mask = probs_t(s, i, slot, masked)
         plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
@@ -416,11 +427,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       plgpu.wgmma(dk_acc, dst, q_smem.at[slot])
       if dq_sink:
         dq_update(n, i, dst)                    # waits for every wgmma in flight
-      plgpu.wgmma_wait(1)                       # dV done: dO's slot can be refilled
-      release_do(slot)
-      plgpu.wgmma_wait(0)
-      release_q(slot)
+      if not defer:
+        plgpu.wgmma_wait(1)                     # dV done: dO's slot can be refilled
+        release_do(slot)
+        plgpu.wgmma_wait(0)
+        release_q(slot)
       return accs
+
+    def release_step(slot):
+      release_do(slot)
+      release_q(slot)
 
     if st.registers_pv:
       def run(dk_acc, dv_acc):
@@ -428,6 +444,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step_async(n, i, c, m), accs,
                         st)
         lax.fori_loop(0, st.groups, per_group_head, (dk_acc, dv_acc))
+        if st.defer_wait and not dq_sink:
+          plgpu.wgmma_wait(0)
+          steps = st.groups * per_head
+          pl.when(steps > 0)(lambda: release_step(lax.rem(steps - 1, stages)))
         return dk_acc[...], dv_acc[...]
       acc = plgpu.ACC((bkv, k_smem.shape[-1]), jnp.float32)
       dk, dv = pl.run_scoped(run, acc, acc)

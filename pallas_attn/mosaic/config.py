@@ -30,6 +30,13 @@ class Config:
       Floating-point addition order then varies from run to run (not bitwise deterministic).
       Off: on the H200 it was 3-17% slower fwd+bwd than the two kernels (the consumers'
       per-step rendezvous over dS^T serialises the ping-pong; benchmarks/NOTES.md, session 6).
+    bwd_defer_wait: compiled backward (both kernels): a step's last wgmma (dQ += dS K; dK +=
+      dS^T Q, with dV before it) is not waited at the end of the step but by the next step's
+      first accumulator load, after that step's S and dP are issued, so the tensor cores get the
+      next matmuls while it finishes; its ring slots are released there (and after the loop).
+      Not with the fused dQ (its rendezvous waits for everything). Interpret mode ignores it
+      (the staged form waits every product). ptxas still protects the register operand (dS) of
+      the deferred wgmma: where the next step would overwrite it, it serialises.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -90,6 +97,7 @@ class Config:
   bwd_num_stages: int = 2
   bwd_dq_block_kv: int = 64
   bwd_fused_dq: bool = False
+  bwd_defer_wait: bool = False
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True

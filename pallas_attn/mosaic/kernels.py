@@ -79,6 +79,7 @@ class Statics:
   num_tiles: int = 0
   dynamic: bool = False         # persistent: tiles claimed from a global counter (schedule.py)
   atomic_counter: bool = False  # dynamic: the counter's fetch-add (compiled); else round-robin
+  defer_wait: bool = False      # backward (compiled): a step's last wgmma is waited in the next
 
   @property
   def any_mask(self) -> bool:

@@ -163,7 +163,8 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 spec=masks.MaskSpec(left=left, right=right, offset=s - t),
                 has_kv_len=kv_lengths is not None or tk != s, has_segments=q_seg is not None,
                 groups=q.shape[2] // k.shape[2], registers_pv=not interpret,
-                named_free=cfg.named_free and not interpret)
+                named_free=cfg.named_free and not interpret,
+                defer_wait=cfg.bwd_defer_wait and not interpret)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
   while True:

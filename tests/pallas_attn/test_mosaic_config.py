@@ -143,7 +143,9 @@ def test_compiled_form_lowers_for_sm90(h, kw, form):
 
 BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128, bwd_num_stages=3),
                "fused_dq": Config(bwd_fused_dq=True), "named_free": Config(named_free=True),
-               "fused_named": Config(bwd_fused_dq=True, named_free=True)}
+               "fused_named": Config(bwd_fused_dq=True, named_free=True),
+               "defer_wait": Config(bwd_defer_wait=True),
+               "defer_named": Config(bwd_defer_wait=True, named_free=True)}
 
 
 @pytest.mark.parametrize("cfg_name", list(BWD_CONFIGS))
@@ -169,6 +171,7 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
   fused = ops.fused_dq_served(BWD_CONFIGS[cfg_name], st_dkdv, padded_head_dim(h))
   assert fused == (BWD_CONFIGS[cfg_name].bwd_fused_dq and padded_head_dim(h) in (64, 128))
   assert st_dq.named_free == st_dkdv.named_free == BWD_CONFIGS[cfg_name].named_free
+  assert st_dq.defer_wait == st_dkdv.defer_wait == BWD_CONFIGS[cfg_name].bwd_defer_wait
   bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
                           interpret=False, fused_dq=fused)
   # The D pre-pass is a Pallas Triton kernel: its lowering needs a (here abstract) H200.
