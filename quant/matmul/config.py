@@ -205,6 +205,11 @@ class MosaicConfig:
   columns >= K zero-filled) and, with one K split and no bias, writes y ``[M, N]`` in x's
   dtype, instead of XLA padding / plane-transposing x before the launch and slicing /
   transposing / casting the float32 partials after it (two small kernels).
+  ``stream_ctas`` (0 = off; written, not yet timed on the H200): launch that many persistent
+  CTAs (e.g. 2 per SM) that share the ``tiles x K-steps`` work units equally, one TMA ring
+  across tile boundaries, partial sums per K segment added by XLA (``mosaic_stream.py``);
+  replaces ``split_k`` and the one-CTA-per-(tile, split) grid; ``pipeline``, ``fold_zero``
+  and ``direct_io`` are ignored with it.
   """
   block_n: int = 128
   block_k: int = 512
@@ -214,6 +219,7 @@ class MosaicConfig:
   fold_zero: bool = False
   pipeline: bool = False
   direct_io: bool = False
+  stream_ctas: int = 0
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -227,6 +233,9 @@ class MosaicConfig:
     if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or not (
         1 <= self.split_k <= 64):
       raise ValueError(f"MosaicConfig.split_k must be an int in [1, 64], got {self.split_k!r}")
+    if not isinstance(self.stream_ctas, int) or isinstance(self.stream_ctas, bool) or (
+        self.stream_ctas < 0):
+      raise ValueError(f"MosaicConfig.stream_ctas must be an int >= 0, got {self.stream_ctas!r}")
 
 
 def mosaic_m_pad(m: int) -> int:

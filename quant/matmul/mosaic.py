@@ -443,9 +443,10 @@ def _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st: Statics):
 
 
 def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool,
-            out_shape: tuple[int, int] | None = None):
+            out_shape: tuple[int, int] | None = None, plan=None):
   """``plgpu.kernel`` wrapper: grid, scratch and the float32 partials ``[split_k, Np, m_pad]``
-  (``st.direct_out``: y ``out_shape = (M, N)`` in x's dtype)."""
+  (``st.direct_out``: y ``out_shape = (M, N)`` in x's dtype; with a ``mosaic_stream.StreamPlan``
+  the stream-K kernel on the same scratch, its parts already summed: ``[1, Np, m_pad]``)."""
   np_ = qt.shape[0]
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   x_copies = PLANES if st.direct_x else 1
@@ -466,6 +467,10 @@ def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool
       plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
       plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
   )
+  if plan is not None:
+    from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
+    return mosaic_stream.launch(xt, qt, scales, zeros, st=st, plan=plan, scratch=scratch,
+                                interpret=interpret)[None]
   kernel = plgpu.kernel(
       functools.partial(_body_adapter, st=st),
       out_type=out_type,
@@ -647,7 +652,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   m, k = x.shape
   kp = qweight.shape[1] * PLANES
   span2, m_pad = cfg.block_k // PLANES, mosaic_m_pad(m)
-  ks = kp // cfg.split_k
+  stream = cfg.stream_ctas > 0             # stream-K (mosaic_stream.py): no K split
+  ks = kp if stream else kp // cfg.split_k
   per_channel = static.group_size >= static.k
   st = Statics(m_pad=m_pad, steps=ks // cfg.block_k, block_k=cfg.block_k,
                seg=ks if per_channel else min(static.group_size, ks),
@@ -667,11 +673,18 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # columns of x, 64 features of y); the output path also needs one K split and no bias
   # (adding the bias after a rounding to x's dtype would round twice). Otherwise XLA does it.
   rows_ok = m <= 8 or m % 8 == 0
-  direct_x = cfg.direct_io and rows_ok and k % min(span2, 64) == 0
+  direct_x = cfg.direct_io and rows_ok and k % min(span2, 64) == 0 and not stream
   direct_out = (cfg.direct_io and rows_ok and cfg.split_k == 1 and bias is None
-                and static.n % BN == 0)
-  st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits, direct_x=direct_x,
+                and static.n % BN == 0 and not stream)
+  st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits and not stream,
+                           fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)
+  plan = None
+  if stream:
+    from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
+    tiles, steps = qweight.shape[0] // cfg.block_n, kp // cfg.block_k
+    plan = mosaic_stream.StreamPlan(tiles=tiles, steps=steps,
+                                    ctas=min(cfg.stream_ctas, tiles * steps))
   if direct_x:
     xt = x
   else:
@@ -680,7 +693,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
     xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))
     xt = xp.reshape(m_pad, kp // span2, span2).transpose(1, 0, 2)
   parts = _launch(xt, qweight, scales, zeros, st=st, split_k=cfg.split_k,
-                  interpret=static.interpret, out_shape=(m, static.n))
+                  interpret=static.interpret, out_shape=(m, static.n), plan=plan)
   if direct_out:
     return parts
   y = jnp.sum(parts, axis=0)[:static.n, :m].T                     # [m, n] float32

@@ -491,3 +491,99 @@ def test_compiled_direct_io_is_bitwise_equal(m, k, n):
                                 config=dataclasses.replace(cfg, direct_io=d)) for d in (False, True)]
   np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
   _check(outs[1], x, qw, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stream-K form (MosaicConfig.stream_ctas, quant/matmul/mosaic_stream.py)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tiles,steps,ctas", [(448, 16, 264), (64, 32, 132), (3, 4, 12), (5, 7, 3),
+                                              (7, 3, 20), (224, 16, 132), (1, 1, 1), (2, 9, 5)])
+def test_stream_plan_covers_every_unit_once_with_distinct_parts(tiles, steps, ctas):
+  """Every (tile, step) unit belongs to exactly one segment, CTAs get L or L + 1 units, and the
+  segments of one tile have distinct part slots, the first one slot 0."""
+  from quant.matmul.mosaic_stream import StreamPlan
+  plan = StreamPlan(tiles=tiles, steps=steps, ctas=ctas)
+  covered = np.zeros((tiles, steps), int)
+  per_cta = np.zeros(ctas, int)
+  slots = {}
+  for c, tile, s, e, p in plan.segments():
+    assert 0 <= s < e <= steps
+    covered[tile, s:e] += 1
+    per_cta[c] += e - s
+    assert (tile, p) not in slots, (tile, p, slots)
+    slots[(tile, p)] = s
+    assert (p == 0) == (s == 0)
+  assert (covered == 1).all()
+  assert set(per_cta) <= {plan.per_cta, plan.per_cta + 1}
+  written = plan.written()
+  assert written.shape == (plan.parts, tiles) and written.sum() == len(slots)
+  assert written[0].all()                                  # every tile's first segment
+
+
+def test_stream_plan_rejects_more_ctas_than_units():
+  from quant.matmul.mosaic_stream import StreamPlan
+  with pytest.raises(ValueError, match="ctas"):
+    StreamPlan(tiles=2, steps=2, ctas=5)
+  with pytest.raises(ValueError, match="stream_ctas"):
+    MosaicConfig(stream_ctas=-1)
+
+
+# (m, k, n, group_size, sym, block_k, block_n, stream_ctas): tiles x steps split over CTAs that
+# cross tile boundaries (3, 5), one unit each (12 = tiles x steps), more CTAs asked than units,
+# two warpgroups, long groups (one scale for 2 steps), per-channel, symmetric.
+STREAM_CASES = [
+    (3, 1024, 192, 128, False, 256, 64, 3),
+    (1, 1024, 192, 128, False, 256, 64, 5),
+    (2, 1024, 192, 64, True, 256, 64, 12),
+    (8, 512, 100, 128, False, 256, 64, 50),
+    (5, 2048, 256, 64, False, 256, 128, 3),
+    (16, 1024, 128, 512, False, 256, 64, 3),
+    (4, 520, 70, -1, True, 256, 64, 2),
+]
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,block_k,block_n,ctas", STREAM_CASES,
+                         ids=[f"m{c[0]}_k{c[1]}_n{c[2]}_g{c[3]}_wg{c[6] // 64}_c{c[7]}"
+                              for c in STREAM_CASES])
+def test_stream_k_matches_reference_in_interpret_mode(m, k, n, group_size, sym, block_k, block_n,
+                                                      ctas):
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=False)
+  x = _x(m, k, BF16, seed=m + 7)
+  b = _x(1, n, BF16, seed=3)[0]
+  cfg = MosaicConfig(block_n=block_n, block_k=block_k, num_stages=2, stream_ctas=ctas)
+  y = w4_mosaic.int4_matmul(x, qw, bias=b, config=cfg, interpret=True)
+  assert y.shape == (m, n) and y.dtype == BF16
+  _check(y, x, qw, b)
+
+
+def test_stream_k_with_one_segment_per_tile_is_bitwise_equal_to_the_grid():
+  """With as many CTAs as tiles each CTA walks exactly one tile's K: the same steps in the same
+  order as the one-split grid kernel (short groups), so the same bits."""
+  m, k, n = 3, 1024, 192
+  qw = _weight(k, n, group_size=128, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=5)
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2)
+  grid = w4_mosaic.int4_matmul(x, qw, config=cfg, interpret=True)
+  stream = w4_mosaic.int4_matmul(x, qw, config=dataclasses.replace(cfg, stream_ctas=3),
+                                 interpret=True)
+  np.testing.assert_array_equal(np.asarray(grid, np.float32), np.asarray(stream, np.float32))
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,config", [
+    (1, 8192, 28672, 128, False, MosaicConfig(block_n=64, num_stages=4, stream_ctas=264)),
+    (16, 8192, 28672, 128, False, MosaicConfig(block_n=128, num_stages=3, stream_ctas=264)),
+    (1, 8192, 8192, 128, True, MosaicConfig(block_n=64, block_k=256, num_stages=4,
+                                            stream_ctas=132)),
+    (8, 4096, 1024, -1, False, MosaicConfig(block_n=64, num_stages=4, stream_ctas=100)),
+], ids=["decode_2_per_sm", "m16_wg2", "square_sym", "per_channel"])
+def test_stream_k_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, config):
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  qw = _abstract_weight(k, n, group_size=group_size, sym=sym, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=config.block_k), qw)
+  x = jax.ShapeDtypeStruct((m, k), BF16)
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+  assert "w4a16_mosaic_stream" in text

@@ -1,0 +1,230 @@
+"""Stream-K form of the Mosaic GPU W4A16 decode kernel (``MosaicConfig.stream_ctas > 0``).
+
+The grid kernel of ``mosaic.py`` gives each CTA one ``block_n``-feature tile and one K split:
+at 8192 x 28672 and M = 1 that is 448 CTAs of 16 steps, two resident per SM, so 1.7 waves, a
+pipeline fill per CTA and SMs idle in the last wave. The H200 probe of session 7 measured
+that memory pipeline alone (no dequant, no wgmma) at 0.77x of the HBM floor.
+
+Here a fixed number of CTAs (``stream_ctas``; 2 per SM keeps the grid kernel's occupancy)
+share the ``tiles x steps`` work units (unit = one ``block_k`` step of one feature tile,
+numbered tile-major) equally: CTA ``c`` walks units ``[c U / C, (c + 1) U / C)`` through one
+TMA ring that runs straight across tile boundaries, so every SM streams the same number of
+bytes and fills its pipeline once. At the end of each tile (or of its share) a CTA writes the
+float32 partial of that *segment* of K to ``parts[p, tile rows]``; XLA adds the parts.
+
+Part index. A tile's first segment starts at step 0; every later one starts at a CTA
+boundary, and CTA boundaries are at least ``L = U // C`` units apart, so
+``p(s) = 0 if s == 0 else 1 + (s - 1) // L`` (``s`` = the segment's first step) differs
+between the segments of one tile. Which ``(p, tile)`` pairs are written is static
+(``StreamPlan.written``), so the unwritten ones are masked out before the sum (no zero-filled
+buffer, no atomics; the sum order is fixed, so results are deterministic).
+
+Each step is scaled as it completes (``total += s_g * partial_g``), whatever the group size
+(the grid kernel's long groups scale once per group instead), so per-channel, short and long
+groups all work. Not combined with ``pipeline``, ``fold_zero`` or ``direct_io`` (ignored).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from quant.matmul.mosaic import BN, PLANES, Statics, _codes, _tiled
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPlan:
+  """The static split of ``tiles x steps`` units over ``ctas`` CTAs (hashable)."""
+  tiles: int     # block_n-feature tiles
+  steps: int     # block_k steps of one tile (all of K)
+  ctas: int
+
+  def __post_init__(self):
+    if min(self.tiles, self.steps) < 1 or not 1 <= self.ctas <= self.units:
+      raise ValueError(f"StreamPlan needs tiles, steps >= 1 and 1 <= ctas <= tiles * steps, got "
+                       f"{self}")
+
+  @property
+  def units(self) -> int:
+    return self.tiles * self.steps
+
+  @property
+  def per_cta(self) -> int:
+    """L: every CTA walks L or L + 1 units."""
+    return self.units // self.ctas
+
+  def part(self, start: int) -> int:
+    return 0 if start == 0 else 1 + (start - 1) // self.per_cta
+
+  def segments(self):
+    """(cta, tile, first step, end step, part) of every segment, in CTA order."""
+    for c in range(self.ctas):
+      u, end = c * self.units // self.ctas, (c + 1) * self.units // self.ctas
+      while u < end:
+        tile, s = divmod(u, self.steps)
+        e = min(end, (tile + 1) * self.steps)
+        yield c, tile, s, e - tile * self.steps, self.part(s)
+        u = e
+
+  @property
+  def parts(self) -> int:
+    return 1 + max(p for *_, p in self.segments())
+
+  def written(self) -> np.ndarray:
+    """bool [parts, tiles]: which partial slots the kernel writes."""
+    out = np.zeros((self.parts, self.tiles), bool)
+    for _, tile, _, _, p in self.segments():
+      out[p, tile] = True
+    return out
+
+
+def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, plan: StreamPlan):
+  """One persistent CTA (grid axis "cta"): its share of the units, one ring across tiles.
+
+  Refs and scratch as ``mosaic.w4a16_kernel`` (x in planes ``[Kp/span2, m_pad, span2]``), but
+  the output is ``parts [P, Np, m_pad]`` float32 (see the module docstring).
+  """
+  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free = scratch
+  span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
+  wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
+  planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
+  units, steps, ctas = plan.units, plan.steps, plan.ctas
+  u0 = lax.div(cta * units, ctas)
+  count = lax.div((cta + 1) * units, ctas) - u0      # L or L + 1 units
+  first_tile, first_step = lax.div(u0, steps), lax.rem(u0, steps)
+  rows_per_scale = st.seg // st.block_k if st.long_groups else 1
+  row_vec = plgpu.Layout.WGMMA.reduce(1)
+
+  def unit(t):
+    """(tile, step within the tile) of local unit t."""
+    return lax.div(u0 + t, steps), lax.rem(u0 + t, steps)
+
+  def issue(t):
+    tile, gt = unit(t)
+    slot = lax.rem(t, stages)
+    bar = ready.at[slot]
+    plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
+    g0 = 0 if s_ref.shape[0] == 1 else (gt // rows_per_scale if st.long_groups else gt * gps)
+    for w in range(wgs):
+      rows = pl.ds(tile * (BN * wgs) + w * BN, BN)
+      plgpu.copy_gmem_to_smem(qt_ref.at[rows, pl.ds(gt * span2, span2)], w_ring.at[slot, w],
+                              bar)
+      plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), rows], s_ring.at[slot, w], bar)
+      if not st.sym:
+        plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), rows], z_ring.at[slot, w], bar)
+
+  def prefetch(t):
+    """Warpgroup 0 at unit t: TMA of unit t + stages - 1 into the slot unit t - 1 used."""
+    @pl.when(jnp.logical_and(wg == 0, t + stages - 1 < count))
+    def _():
+      if wgs > 1:
+        @pl.when(t > 0)
+        def _():
+          plgpu.barrier_wait(free.at[lax.rem(t - 1, stages)])
+      issue(t + stages - 1)
+
+  def zero_of(slot, g):
+    if st.sym:
+      return jnp.asarray(st.magic + st.zero, st.dtype)
+    z = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+    return lax.broadcast_in_dim((z + st.magic).astype(st.dtype), (BN, span2), [0])
+
+  def scaled_step(t, total):
+    """total + sum_g s_g * (codes - z_g) x of unit t (one wgmma scope per group)."""
+    prefetch(t)
+    slot = lax.rem(t, stages)
+    plgpu.barrier_wait(ready.at[slot])
+    codes = plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
+    per_group = PLANES // gps
+    for g in range(gps):
+      zero = zero_of(slot, g)
+
+      def mma(acc_ref, g=g, zero=zero):
+        for j in range(per_group):
+          p = g * per_group + j
+          vals = _codes(codes, p, st) - zero        # (B + q) - (B + z) = q - z, exact
+          if st.registers_a:
+            plgpu.wgmma(acc_ref, vals, x_ring.at[slot, p].transpose((1, 0)))
+            continue
+          if j >= 2:
+            plgpu.wgmma_wait(1)                    # plane p - 2's buffer has been read
+          planes[p % 2] = vals
+          plgpu.commit_smem()
+          plgpu.wgmma(acc_ref, planes.at[p % 2], x_ring.at[slot, p].transpose((1, 0)))
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+      part = pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32))
+      s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+      total = total + lax.broadcast_in_dim(s, (BN, st.m_pad), [0]) * part
+    if wgs > 1:
+      plgpu.barrier_arrive(free.at[slot])
+    return total
+
+  @pl.when(wg == 0)
+  def _prologue():
+    for t in range(stages - 1):
+      pl.when(t < count)(functools.partial(issue, t))
+
+  zeros = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
+
+  def body(t, total):
+    total = scaled_step(t, total)
+    tile, gt = unit(t)
+    ends = jnp.logical_or(gt == steps - 1, t == count - 1)
+
+    @pl.when(ends)
+    def _store():
+      start = jnp.where(tile == first_tile, first_step, 0)
+      part = jnp.where(start == 0, 0, 1 + lax.div(start - 1, plan.per_cta))
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last store has left o_smem
+      o_smem[...] = total
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem, o_ref.at[part, pl.ds(tile * (BN * wgs) + wg * BN, BN)])
+    # Restart the sum for the next segment. (Mosaic's select does not broadcast a scalar
+    # predicate implicitly; a multiply by 0 would carry a NaN / inf of one tile into the next.)
+    restart = plgpu.layout_cast(jnp.broadcast_to(ends, total.shape), plgpu.Layout.WGMMA)
+    return jnp.where(restart, zeros, total)
+
+  lax.fori_loop(0, count, body, zeros)
+  if wgs > 1:
+    @pl.when(wg == 0)
+    def _drain():                                  # observe the last free phases
+      @pl.loop(jnp.maximum(count - stages, 0), count)
+      def _(t):
+        plgpu.barrier_wait(free.at[lax.rem(t, stages)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def launch(xt, qt, scales, zeros, *, st: Statics, plan: StreamPlan, scratch, interpret: bool):
+  """``plgpu.kernel`` of ``stream_kernel``: the float32 parts ``[P, Np, m_pad]`` summed over
+  the written slots -> ``[Np, m_pad]``."""
+  np_ = qt.shape[0]
+
+  def body(*refs, scratch):
+    if st.sym:
+      (xt_ref, qt_ref, s_ref, o_ref), z_ref = refs, None
+    else:
+      xt_ref, qt_ref, s_ref, z_ref, o_ref = refs
+    stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, st=st, plan=plan)
+
+  kernel = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((plan.parts, np_, st.m_pad), jnp.float32),
+      scratch_types=dict(scratch=scratch),
+      grid=(plan.ctas,),
+      grid_names=("cta",),
+      num_threads=st.wgs,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(),
+      interpret=plgpu.InterpretGPUParams() if interpret else None,
+      kernel_name="w4a16_mosaic_stream",
+  )
+  parts = kernel(xt, qt, scales) if st.sym else kernel(xt, qt, scales, zeros)
+  mask = np.repeat(plan.written(), BN * st.wgs, axis=1)[:, :, None]     # [P, Np, 1], static
+  return jnp.sum(jnp.where(mask, parts, 0.0), axis=0)
