@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from quant.matmul.mosaic import BN, PLANES, Statics, _codes, _tiled
+from quant.matmul.mosaic import BN, PLANES, Statics, _codes
 
 
 @dataclasses.dataclass(frozen=True)
