@@ -15,6 +15,8 @@ checked -- only the base variant's error is:
             scale loads only -- the memory pipeline's own ceiling
   no_mma_s2 / no_mma_s6 / no_mma_n128 / base_s2 / base_s6 / base_n128: ring depth and CTA width
   direct / direct_s2: a candidate (``MosaicConfig.direct_io``), error checked like base
+  stream132 / stream264 / stream396: the stream-K form (``MosaicConfig.stream_ctas``), checked;
+  no_mma_stream264: its memory pipeline alone
 
 Also the per-kernel breakdown of one call (CUPTI, ``aggregate=False``): the int4 kernel and the
 XLA kernels around it (x's pad/plane transpose, the split-K sum/slice/transpose/cast).
@@ -46,6 +48,7 @@ import quant  # noqa: E402
 import timing  # noqa: E402
 from quant.matmul import layout  # noqa: E402
 from quant.matmul import mosaic as w4  # noqa: E402
+from quant.matmul import mosaic_stream as w4_stream  # noqa: E402
 from quant.matmul.config import default_mosaic_config  # noqa: E402
 
 SHAPES = ((1, 8192, 28672), (1, 8192, 8192), (16, 8192, 28672))
@@ -88,15 +91,21 @@ VARIANTS = (  # name, patch, config overrides
     ("base_n128", "base", dict(block_n=128)),
     ("direct", "base", dict(direct_io=True)),         # a candidate, not a probe: checked
     ("direct_s2", "base", dict(direct_io=True, num_stages=2)),
+    # Stream-K (MosaicConfig.stream_ctas): 1, 2 and 3 CTAs per SM; and its memory pipeline alone.
+    ("stream132", "base", dict(stream_ctas=132)), ("stream264", "base", dict(stream_ctas=264)),
+    ("stream396", "base", dict(stream_ctas=396)),
+    ("no_mma_stream264", "no_mma", dict(stream_ctas=264)),
 )
 
 
 def _apply(patch: str):
-  """Installs one patch into the kernel module; returns the originals to restore."""
+  """Installs one patch into the kernel modules (grid and stream-K); returns the originals."""
   saved = {}
   for name, value in PATCHES[patch].items():
-    saved[name] = getattr(w4, name)
-    setattr(w4, name, value() if name == "plgpu" else value)
+    new = value() if name == "plgpu" else value
+    for mod in (w4, w4_stream):
+      saved[(mod, name)] = getattr(mod, name)
+      setattr(mod, name, new)
   return saved
 
 
@@ -159,14 +168,14 @@ def main() -> int:
         entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
         entry["ms"] = timing.measure(fn, (x, mws), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
-        if name in ("base", "direct") and not args.quick:
+        if name in ("base", "direct", "stream264") and not args.quick:
           entry["breakdown_one_call"] = _breakdown(one, (x, mws[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]
         traceback.print_exc()
       finally:
-        for key, value in saved.items():
-          setattr(w4, key, value)
+        for (mod, key), value in saved.items():
+          setattr(mod, key, value)
         jax.clear_caches()
       row["variants"][name] = entry
       print(f"{m}x{k}x{n} {name:12s} {entry.get('ms', float('nan')):.4f} ms "
@@ -178,7 +187,7 @@ def main() -> int:
     print(f"{row['m']}x{row['k']}x{row['n']}: bf16 {row['xla_bf16_ms']:.4f} floor "
           f"{row['floor_ms']:.4f}  " + "  ".join(
               f"{k}={v['ms']:.4f}" for k, v in row["variants"].items() if "ms" in v))
-    for name in ("base", "direct"):
+    for name in ("base", "direct", "stream264"):
       if "breakdown_one_call" in row["variants"].get(name, {}):
         print(f"   one call ({name}):", row["variants"][name]["breakdown_one_call"])
   return 0
