@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 import time
 
@@ -32,15 +31,6 @@ import timing  # noqa: E402
 from mosaic_ab import parse_variant, peers, with_grads  # noqa: E402
 from pallas_attn import flash_attention  # noqa: E402
 from pallas_attn.mosaic.config import default_config  # noqa: E402
-
-
-def breakdown(fn, args, iterations: int = 10) -> list[dict]:
-  """Median ms of every kernel one call of ``fn`` launches, in launch order."""
-  from jax.experimental.mosaic.gpu import profiler  # pylint: disable=import-outside-toplevel
-  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
-  names = [n for n, _ in per_iter[0]]
-  return [dict(kernel=n, ms=statistics.median(it[i][1] for it in per_iter))
-          for i, n in enumerate(names)]
 
 
 def main() -> int:
@@ -75,7 +65,7 @@ def main() -> int:
       for name, fn in fns.items():
         try:
           run = jax.jit(with_grads(fn))
-          kernels = breakdown(run, (q, k, v, do))
+          kernels = timing.kernel_breakdown(run, (q, k, v, do))
           row[name] = {"kernels": kernels, "ms": sum(x["ms"] for x in kernels)}
           if name in cfgs:      # our variants: out, dq, dk, dv against the default's
             got = run(q, k, v, do)

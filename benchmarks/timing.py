@@ -100,6 +100,17 @@ def measure(fn: Callable[..., Any], args: Sequence[Any], iterations: int = 20) -
   return Timing(statistics.median(times), tuple(times), "wallclock", note)
 
 
+def kernel_breakdown(fn: Callable[..., Any], args: Sequence[Any],
+                     iterations: int = 10) -> list[dict[str, Any]]:
+  """Median ms of every kernel one call of ``fn`` launches, in launch order (CUPTI through the
+  Mosaic GPU profiler with ``aggregate=False``; GPU only)."""
+  from jax.experimental.mosaic.gpu import profiler  # pylint: disable=import-outside-toplevel
+  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
+  names = [n for n, _ in per_iter[0]]
+  return [dict(kernel=n, ms=statistics.median(it[i][1] for it in per_iter))
+          for i, n in enumerate(names)]
+
+
 def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int, *,
                     causal: bool, mode: str) -> float:
   """FLOPs of attention as BENCHMARKS.md counts them.

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -109,14 +108,6 @@ def _apply(patch: str):
   return saved
 
 
-def _breakdown(fn, args, iterations=10):
-  from jax.experimental.mosaic.gpu import profiler
-  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
-  names = [n for n, _ in per_iter[0]]
-  return [dict(kernel=n, ms=statistics.median(it[i][1] for it in per_iter))
-          for i, n in enumerate(names)]
-
-
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)
@@ -169,7 +160,7 @@ def main() -> int:
         entry["ms"] = timing.measure(fn, (x, mws), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
         if name in ("base", "direct", "stream264") and not args.quick:
-          entry["breakdown_one_call"] = _breakdown(one, (x, mws[0]))
+          entry["breakdown_one_call"] = timing.kernel_breakdown(one, (x, mws[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]
         traceback.print_exc()
