@@ -69,16 +69,22 @@ def test_default_config_keeps_the_grid_off_head_dim_128(h, masked):
   assert not cfg.persistent and not cfg.dynamic_schedule
 
 
-def test_shard_map_masked_call_keeps_the_grid_without_the_counter(monkeypatch):
-  """Inside shard_map the counter (a fresh mutable ref) is unavailable; a masked call that asked
-  for it runs one CTA per tile rather than the static deal (measured 18% slower)."""
-  launched = []
+@pytest.fixture
+def launched(monkeypatch):
+  """The forward Statics ``ops._forward`` sizes, in order (the last one is what it launches)."""
+  seen = []
   real = ops.kernels.smem_bytes
 
   def spy(*, st, **kw):
-    launched.append(st)
+    seen.append(st)
     return real(st=st, **kw)
   monkeypatch.setattr(ops.kernels, "smem_bytes", spy)
+  return seen
+
+
+def test_shard_map_masked_call_keeps_the_grid_without_the_counter(launched):
+  """Inside shard_map the counter (a fresh mutable ref) is unavailable; a masked call that asked
+  for it runs one CTA per tile rather than the static deal (measured 18% slower)."""
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
   q = jnp.zeros((1, 128, 2, 128), jnp.bfloat16)
   cfg = default_config(head_dim=128, seq_k=128, masked=True)
@@ -381,16 +387,9 @@ def test_causal_grad_lowers_for_sm90_under_a_mesh_context(fused):
 
 
 @pytest.mark.parametrize("interpret", [False, True])
-def test_persistent_launch_with_256_key_blocks_runs_the_grid_when_compiled(interpret, monkeypatch):
+def test_persistent_launch_with_256_key_blocks_runs_the_grid_when_compiled(interpret, launched):
   """Compiled, the persistent loop with 256-key blocks hung on the H200 (H = 64); the grid runs
   instead (compiled and interpreted alike); 128-key blocks keep the persistent launch."""
-  launched = []
-  real = ops.kernels.smem_bytes
-
-  def spy(*, st, **kw):
-    launched.append(st)
-    return real(st=st, **kw)
-  monkeypatch.setattr(ops.kernels, "smem_bytes", spy)
   q = jax.ShapeDtypeStruct((1, 1024, 2, 64), jnp.bfloat16)
   for block_kv, expect in ((256, False), (128, True)):
     cfg = Config(block_kv=block_kv, persistent=True)
