@@ -587,3 +587,19 @@ def test_stream_k_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, config
   with _h200():
     text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
   assert "w4a16_mosaic_stream" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,group_size,block_n,ctas", [
+    (1, 4096, 1024, 128, 64, 132), (16, 2048, 640, 64, 128, 7), (5, 1024, 200, -1, 64, 40),
+    (3, 4096, 1024, 512, 64, 264)], ids=["decode", "m16_wg2", "per_channel", "long_groups"])
+def test_compiled_stream_k_matches_reference(m, k, n, group_size, block_n, ctas):
+  """Compiled stream-K: CTAs crossing tile boundaries, segment stores and their part slots."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(k, n, group_size=group_size, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  b = _x(1, n, BF16, seed=4)[0]
+  mw = layout.prepare_mosaic(qw, block_k=256)
+  cfg = MosaicConfig(block_n=block_n, block_k=256, num_stages=3, stream_ctas=ctas)
+  _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=cfg), x, qw, b)
