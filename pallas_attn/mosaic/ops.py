@@ -241,7 +241,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
-  def call(kernel, scratch, grid, names, out_type, meta, extra_inputs=()):
+  def call(kernel, scratch, grid, names, out_type, meta, extra_inputs=(), name="dkdv"):
     inputs = base + ([meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
@@ -249,7 +249,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=names,
         num_threads=kernels.COMPUTE_WGS + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=plgpu.InterpretGPUParams() if interpret else None)(*inputs, *extra_inputs)
+        interpret=plgpu.InterpretGPUParams() if interpret else None,
+        kernel_name=f"flash_attention_{name}")(*inputs, *extra_inputs)   # names in profiles
     return match_vma(list(outs), axes) if axes else list(outs)
 
   kv_tiles = tk // (kernels.COMPUTE_WGS * bkv)
@@ -263,7 +264,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     (dq,) = call(functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
                  backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
                  (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
-                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
+                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq, name="dq")
     dk, dv = call(functools.partial(backward.dkdv_kernel, **dkdv_kw), dkdv_scratch, *dkdv_grid,
                   tuple(dkdv_out), meta_dkdv)
   elif interpret:
@@ -388,6 +389,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       compiler_params=plgpu.CompilerParams(
           approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
+      kernel_name="flash_attention_fwd",
   )(*inputs)
   if axes:
     # plgpu.kernel traces its body with the vma check off and returns non-varying types: mark the

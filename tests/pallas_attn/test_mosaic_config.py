@@ -145,6 +145,7 @@ def test_compiled_form_lowers_for_sm90(h, kw, form):
   lowered = jax.jit(fwd).trace(q, k, k, qs, ks, lens).lower(lowering_platforms=("cuda",))
   text = lowered.as_text()
   assert "mosaic_gpu" in text                        # one Mosaic GPU custom call
+  assert "flash_attention_fwd" in text               # named for profiles
 
 
 BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128, bwd_num_stages=3),
@@ -188,6 +189,8 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
         lowering_platforms=("cuda",))
   text = lowered.as_text()
   assert text.count("mosaic_gpu") >= (1 if fused else 2)      # (dQ and) dK/dV kernels
+  # Named, so that profiles tell them apart.
+  assert "flash_attention_dkdv" in text and ("flash_attention_dq" in text) != fused
 
 
 @pytest.mark.parametrize("h", [64, 128])
@@ -400,3 +403,4 @@ def test_persistent_launch_with_256_key_blocks_runs_the_grid_when_compiled(inter
     if not interpret:
       traced.lower(lowering_platforms=("cuda",))
     assert launched and launched[-1].persistent == expect, (block_kv, interpret)
+
