@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -33,6 +34,69 @@ from pallas_attn import flash_attention  # noqa: E402
 from pallas_attn.mosaic.config import default_config  # noqa: E402
 
 
+# Kernel name fragments -> the role shown in the plot (ours, cuDNN, tokamax).
+_ROLES = (("flash_attention_fwd", "forward"), ("flash_attention_dkdv", "dK/dV"),
+          ("flash_attention_dq", "dQ"), ("flash_attention_delta", "D pre-pass"),
+          ("compute_dot_do_o", "D pre-pass"), ("input_reduce_fusion", "D pre-pass"),
+          ("convert_dq", "dQ cast"), ("flash_attention_sm90", "forward"),
+          ("batched_body", "backward"), ("sdpa", "backward"))
+_COLORS = {"forward": "#1f77b4", "D pre-pass": "#ff7f0e", "dK/dV": "#2ca02c", "dQ": "#d62728",
+           "backward": "#9467bd", "backward 2": "#c5b0d5", "dQ cast": "#8c564b",
+           "other": "#7f7f7f"}
+
+
+def _segments(kernels: list[dict]) -> list[tuple[str, float]]:
+  """(role, ms) per kernel for a stacked bar. The first kernel is the forward. Unnamed Mosaic
+  kernels (runs before the kernels were named) are told apart by size: of our two backward
+  kernels the dK/dV one (4 matmuls per step) is the longer (the other way round its rate would
+  exceed the tensor cores' peak)."""
+  roles = []
+  for i, kern in enumerate(kernels):
+    name = kern["kernel"]
+    role = "forward" if i == 0 else next((r for frag, r in _ROLES if frag in name), "other")
+    if role == "backward" and "backward" in roles:
+      role = "backward 2"
+    roles.append("anonymous" if i and name.startswith("anonymous") else role)
+  unnamed = sorted((k["ms"], i) for i, k in enumerate(kernels) if roles[i] == "anonymous")
+  for rank, (_, i) in enumerate(reversed(unnamed)):
+    roles[i] = ("dK/dV", "dQ")[rank] if rank < 2 else "other"
+  merged: dict[str, float] = {}
+  for role, kern in zip(roles, kernels):
+    merged[role] = merged.get(role, 0.0) + kern["ms"]
+  order = list(_COLORS)
+  return sorted(merged.items(), key=lambda kv: order.index(kv[0]))
+
+
+def plot(payload: dict, path: str) -> None:
+  """Stacked per-kernel bars (ms) of every implementation on every row."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  bars = []
+  for row in payload["rows"]:
+    tag = "x".join(map(str, row["shape"])) + (" causal" if row["causal"] else " full")
+    for name, res in row.items():
+      if isinstance(res, dict) and "kernels" in res:
+        bars.append((f"{tag}  {name}", _segments(res["kernels"]), res["ms"]))
+  fig, ax = plt.subplots(figsize=(10, 0.4 * len(bars) + 1.6))
+  seen = set()
+  for y, (label, segs, total) in enumerate(bars):
+    left = 0.0
+    for role, ms in segs:
+      ax.barh(y, ms, left=left, color=_COLORS[role], label=None if role in seen else role)
+      seen.add(role)
+      left += ms
+    ax.text(left, y, f" {total:.3f}", va="center", fontsize=8)
+  ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel("ms (CUPTI, median per kernel)")
+  ax.set_title("forward + backward, per kernel (H200, bf16)")
+  ax.legend(fontsize=8, loc="lower right")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)
@@ -41,7 +105,12 @@ def main() -> int:
   ap.add_argument("--variant", action="append", default=[])
   ap.add_argument("--peers", default="cudnn,tokamax")
   ap.add_argument("--budget-s", type=float, default=400.0)
+  ap.add_argument("--replot", default="", help="only draw the plot of an existing JSON (CPU)")
   args = ap.parse_args()
+  if args.replot:
+    with open(args.replot) as f:
+      plot(json.load(f), os.path.join(args.out, os.path.basename(args.replot)[:-5] + ".png"))
+    return 0
   t0 = time.time()
   variants = dict(parse_variant(v) for v in args.variant)
   payload = {"meta": timing.metadata(), "variants": variants, "rows": []}
@@ -84,6 +153,8 @@ def main() -> int:
             row[name]["vs_cudnn"] = row["cudnn"]["ms"] / row[name]["ms"]
       payload["rows"].append(row)
       timing.write_json(path, payload)
+  if payload["rows"]:
+    plot(payload, path[:-5] + ".png")
   for row in payload["rows"]:
     print(row["shape"], row["causal"])
     for name in (k for k in row if isinstance(row[k], dict)):
