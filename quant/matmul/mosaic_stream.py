@@ -22,6 +22,11 @@ buffer, no atomics; the sum order is fixed, so results are deterministic).
 Each step is scaled as it completes (``total += s_g * partial_g``), whatever the group size
 (the grid kernel's long groups scale once per group instead), so per-channel, short and long
 groups all work. Not combined with ``pipeline``, ``fold_zero`` or ``direct_io`` (ignored).
+
+Example:
+  >>> mw = layout.prepare_mosaic(qw)                                # once, at load time
+  >>> cfg = MosaicConfig(block_n=64, block_k=mw.block_k, num_stages=4, stream_ctas=264)
+  >>> y = quant.matmul.mosaic.int4_matmul(x, mw, config=cfg)        # x: [M, K], M <= 64
 """
 from __future__ import annotations
 
