@@ -23,6 +23,11 @@ Each step is scaled as it completes (``total += s_g * partial_g``), whatever the
 (the grid kernel's long groups scale once per group instead), so per-channel, short and long
 groups all work. Not combined with ``pipeline``, ``fold_zero`` or ``direct_io`` (ignored).
 
+Measured (H200, session 8, benchmarks/NOTES.md): 46.6 -> 44.0 us kernel time at 1x8192x28672
+with 264 CTAs, 5.6% faster at M = 16 with 132, 15% slower at 8192 x 8192; with no compute at
+all it streams no faster than the grid (34.7 vs 34.9 us), so the pipeline's limit is inside a
+CTA's step, not the grid's tail. Opt-in.
+
 Example:
   >>> mw = layout.prepare_mosaic(qw)                                # once, at load time
   >>> cfg = MosaicConfig(block_n=64, block_k=mw.block_k, num_stages=4, stream_ctas=264)
