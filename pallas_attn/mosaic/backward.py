@@ -312,6 +312,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       kv_seg = lax.broadcast_in_dim(
           plgpu.load(kvseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
     pt_smem = None if pt_smem2 is None else pt_smem2.at[wg]
+    defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything
 
     def probs_t(s, i, slot, masked: bool):
       """k.q (transposed tile) -> (P^T, D row-broadcast, tanh of the softcap | None, mask)."""
@@ -409,7 +410,6 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       slot = lax.rem(step_no, stages)
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
-      defer = st.defer_wait and not dq_sink
 
       def scores(s_acc, dp_acc):
         plgpu.wgmma(s_acc, k_smem, q_smem.at[slot].transpose((1, 0)))
@@ -444,7 +444,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step_async(n, i, c, m), accs,
                         st)
         lax.fori_loop(0, st.groups, per_group_head, (dk_acc, dv_acc))
-        if st.defer_wait and not dq_sink:
+        if defer:
           plgpu.wgmma_wait(0)
           steps = st.groups * per_head
           pl.when(steps > 0)(lambda: release_step(lax.rem(steps - 1, stages)))

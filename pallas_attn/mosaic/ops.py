@@ -241,7 +241,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
-  def call(kernel, scratch, grid, names, out_type, meta, extra_inputs=(), name="dkdv"):
+  def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=()):
     inputs = base + ([meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
@@ -261,14 +261,15 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                                        fused_dq=fused_dq)
   dkdv_grid = ((kh, kv_tiles, b), ("heads", "kv_seq", "batch"))
   if not fused_dq:
-    (dq,) = call(functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
+    (dq,) = call("dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
                  backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
                  (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
-                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq, name="dq")
-    dk, dv = call(functools.partial(backward.dkdv_kernel, **dkdv_kw), dkdv_scratch, *dkdv_grid,
-                  tuple(dkdv_out), meta_dkdv)
+                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
+    dk, dv = call("dkdv", functools.partial(backward.dkdv_kernel, **dkdv_kw), dkdv_scratch,
+                  *dkdv_grid, tuple(dkdv_out), meta_dkdv)
   elif interpret:
-    dk, dv, parts = call(functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
+    dk, dv, parts = call("dkdv",
+                         functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
                          dkdv_scratch, *dkdv_grid,
                          (*dkdv_out, jax.ShapeDtypeStruct((kv_tiles, b, tq, n, hp), jnp.float32)),
                          meta_dkdv)
@@ -277,7 +278,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     dq = (jnp.sum(jnp.where(visited, parts, 0.0), axis=0) * st_dkdv.scale).astype(q.dtype)
   else:
     acc = jax.new_ref(jnp.zeros((b, tq, n, hp), jnp.float32))
-    dk, dv = call(functools.partial(backward.dkdv_kernel, dq_sink="reduce", **dkdv_kw),
+    dk, dv = call("dkdv", functools.partial(backward.dkdv_kernel, dq_sink="reduce", **dkdv_kw),
                   dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv, extra_inputs=(acc,))
     dq = (acc[...] * st_dkdv.scale).astype(q.dtype)
   return dq[:, :t, :, :h], dk[:, :s, :, :h], dv[:, :s, :, :h]
