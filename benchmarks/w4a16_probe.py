@@ -17,6 +17,11 @@ checked -- only the base variant's error is:
   direct / direct_s2: a candidate (``MosaicConfig.direct_io``), error checked like base
   stream132 / stream264 / stream396: the stream-K form (``MosaicConfig.stream_ctas``), checked;
   no_mma_stream264: its memory pipeline alone
+  tile / no_mma_tile / tile_direct / no_mma_tile_direct / tile_stream264 / no_mma_direct: the
+            weight in tile-major storage (``prepare_mosaic(..., tile_major=True)``: each TMA box
+            one contiguous run of memory instead of 64 rows of block_k/2 bytes Kp/2 apart), and
+            x read as [M, K] by the TMA unit (rows >= M zero-filled: 1/8 of x's L2 traffic at
+            M = 1), alone and together, with and without the compute
 
 Also the per-kernel breakdown of one call (CUPTI, ``aggregate=False``): the int4 kernel and the
 XLA kernels around it (x's pad/plane transpose, the split-K sum/slice/transpose/cast).
@@ -94,6 +99,12 @@ VARIANTS = (  # name, patch, config overrides
     ("stream132", "base", dict(stream_ctas=132)), ("stream264", "base", dict(stream_ctas=264)),
     ("stream396", "base", dict(stream_ctas=396)),
     ("no_mma_stream264", "no_mma", dict(stream_ctas=264)),
+    # Tile-major weight storage (one contiguous run per TMA box) and x's L2 traffic.
+    ("tile", "base", dict(tile_major=True)), ("no_mma_tile", "no_mma", dict(tile_major=True)),
+    ("no_mma_direct", "no_mma", dict(direct_io=True)),
+    ("no_mma_tile_direct", "no_mma", dict(tile_major=True, direct_io=True)),
+    ("tile_direct", "base", dict(tile_major=True, direct_io=True)),
+    ("tile_stream264", "base", dict(tile_major=True, stream_ctas=264)),
 )
 
 
@@ -148,6 +159,10 @@ def main() -> int:
       if time.time() - start > args.budget_s or (args.quick and "n128" in name):
         row["variants"][name] = dict(error="skipped: budget")
         continue
+      over = dict(over)
+      weights = mws
+      if over.pop("tile_major", False):
+        weights = [layout.prepare_mosaic(q, block_k=mws[0].block_k, tile_major=True) for q in qws]
       cfg = dataclasses.replace(base_cfg, **over)
       saved = _apply(patch)
       entry = {}
@@ -155,16 +170,17 @@ def main() -> int:
         jax.clear_caches()
         one = jax.jit(lambda x, w: w4.int4_matmul(x, w, config=cfg, **interp))
         fn = jax.jit(lambda x, ws: [w4.int4_matmul(x, w, config=cfg, **interp) for w in ws])
-        y = one(x, mws[0]).astype(jnp.float32)
+        y = one(x, weights[0]).astype(jnp.float32)
         entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
-        entry["ms"] = timing.measure(fn, (x, mws), iterations=args.iters).ms / copies
+        entry["ms"] = timing.measure(fn, (x, weights), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
-        if name in ("base", "direct", "stream264") and not args.quick:
-          entry["breakdown_one_call"] = timing.kernel_breakdown(one, (x, mws[0]))
+        if name in ("base", "direct", "stream264", "tile") and not args.quick:
+          entry["breakdown_one_call"] = timing.kernel_breakdown(one, (x, weights[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]
         traceback.print_exc()
       finally:
+        del weights
         for (mod, key), value in saved.items():
           setattr(mod, key, value)
         jax.clear_caches()

@@ -101,17 +101,25 @@ class MosaicWeight:
   None when symmetric; ``perm`` as in ``QuantizedWeight``. ``Np`` is N rounded up to 64 and
   ``Kp`` is K rounded up to whole blocks (and groups); padded codes are 0 and padded scales are 0
   (padded x columns are 0 as well). ``Gp`` is ``Kp / group_size``, or 1 per-channel. Static:
-  ``bits``, ``group_size`` (K when per-channel), ``sym``, ``shape = (K, N)``, ``block_k``.
+  ``bits``, ``group_size`` (K when per-channel), ``sym``, ``shape = (K, N)``, ``block_k``,
+  ``tile_major``.
+
+  ``tile_major``: the same elements stored tile by tile, so that each TMA box the kernel reads
+  (64 features x one block, and the scale / zero rows of 64 features) is one contiguous run of
+  memory: ``qweight [Np/64, Kp/block_k, 64, block_k/4]`` (16 KiB per box at block_k 512) and
+  ``scales`` / ``zeros [Np/64, Gp, 64]``. Row-major, a box is 64 pieces of ``block_k/2`` bytes
+  ``Kp/2`` bytes apart. ``to_row_major`` undoes it.
   """
-  qweight: Int[Array, "Np Kp4"]
-  scales: Float[Array, "Gp Np"]
-  zeros: Float[Array, "Gp Np"] | None
+  qweight: Int[Array, "..."]
+  scales: Float[Array, "..."]
+  zeros: Float[Array, "..."] | None
   perm: Int[Array, "K"] | None
   bits: int = dataclasses.field(metadata=dict(static=True), default=4)
   group_size: int = dataclasses.field(metadata=dict(static=True), default=128)
   sym: bool = dataclasses.field(metadata=dict(static=True), default=False)
   shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True), default=(0, 0))
   block_k: int = dataclasses.field(metadata=dict(static=True), default=512)
+  tile_major: bool = dataclasses.field(metadata=dict(static=True), default=False)
 
   @property
   def per_channel(self) -> bool:
@@ -119,7 +127,8 @@ class MosaicWeight:
 
   @property
   def padded_shape(self) -> tuple[int, int]:
-    return self.qweight.shape[1] * PLANES, self.qweight.shape[0]
+    """``(Kp, Np)``."""
+    return code_dims(self.qweight)[::-1]
 
 
 def _round_up(a: int, b: int) -> int:
@@ -158,11 +167,12 @@ def default_block_k(k: int, n: int, group_size: int) -> int:
   return bk
 
 
-def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int | None = None) -> MosaicWeight:
+def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int | None = None,
+                   tile_major: bool = False) -> MosaicWeight:
   """``QuantizedWeight`` -> ``MosaicWeight`` (planar, transposed, padded). Exact; jit-compatible.
 
   ``block_k`` (the kernel's K step, which the planes are laid out for): ``default_block_k``
-  when None.
+  when None. ``tile_major``: store each TMA box contiguously (see ``MosaicWeight``).
 
   Raises NotImplementedError for codes wider than 4 bits (one nibble per code is assumed) or a
   ``block_k`` whose planes would straddle a group (``group_size % (block_k / 4)``, or neither of
@@ -196,14 +206,52 @@ def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int | None = None) -
   pad_g = ((0, gp - qw.scales.shape[0]), (0, np_ - n))
   scales = jnp.pad(qw.scales, pad_g)
   zeros = None if qw.zeros is None else jnp.pad(qw.zeros, pad_g).astype(jnp.bfloat16)
+  if tile_major:
+    elems, scales = tile_codes(elems, span2), tile_rows(scales)
+    zeros = None if zeros is None else tile_rows(zeros)
   return MosaicWeight(qweight=elems, scales=scales, zeros=zeros, perm=qw.perm, bits=qw.bits,
-                      group_size=min(gs, k), sym=qw.sym, shape=(k, n), block_k=block_k)
+                      group_size=min(gs, k), sym=qw.sym, shape=(k, n), block_k=block_k,
+                      tile_major=tile_major)
 
 
-def unpack_mosaic(qweight: Int[Array, "Np Kp4"], block_k: int) -> Int[Array, "Np Kp"]:
-  """Inverse of ``prepare_mosaic``'s packing: int16 ``[Np, Kp/4]`` -> int32 codes ``[Np, Kp]``
-  (``W^T`` in stored row order, padding included)."""
-  np_, kp = qweight.shape[0], qweight.shape[1] * PLANES
+def tile_codes(codes: Int[Array, "Np Kp4"], span2: int) -> Int[Array, "T S 64 span2"]:
+  """Row-major planar codes -> one contiguous ``[64, span2]`` block per (feature tile, step)."""
+  np_, kp4 = codes.shape
+  return codes.reshape(np_ // TILE_N, TILE_N, kp4 // span2, span2).transpose(0, 2, 1, 3)
+
+
+def tile_rows(rows: Float[Array, "Gp Np"]) -> Float[Array, "T Gp 64"]:
+  """Scale / zero rows ``[Gp, Np]`` -> ``[Np/64, Gp, 64]`` (a tile's groups contiguous)."""
+  gp, np_ = rows.shape
+  return rows.reshape(gp, np_ // TILE_N, TILE_N).transpose(1, 0, 2)
+
+
+def code_dims(qweight: Int[Array, "..."]) -> tuple[int, int]:
+  """``(Np, Kp)`` of planar codes in either storage (2-D row-major, 4-D tile-major)."""
+  if qweight.ndim == 4:
+    tiles, steps, rows, span2 = qweight.shape
+    return tiles * rows, steps * span2 * PLANES
+  return qweight.shape[0], qweight.shape[1] * PLANES
+
+
+def to_row_major(mw: MosaicWeight) -> MosaicWeight:
+  """A tile-major ``MosaicWeight`` in the row-major storage (the identity on a row-major one)."""
+  if not mw.tile_major:
+    return mw
+  untile = lambda a: a.transpose(1, 0, 2).reshape(a.shape[1], -1)
+  np_, kp = code_dims(mw.qweight)
+  return dataclasses.replace(
+      mw, qweight=mw.qweight.transpose(0, 2, 1, 3).reshape(np_, kp // PLANES),
+      scales=untile(mw.scales), zeros=None if mw.zeros is None else untile(mw.zeros),
+      tile_major=False)
+
+
+def unpack_mosaic(qweight: Int[Array, "..."], block_k: int) -> Int[Array, "Np Kp"]:
+  """Inverse of ``prepare_mosaic``'s packing: int16 ``[Np, Kp/4]`` (or its tile-major form)
+  -> int32 codes ``[Np, Kp]`` (``W^T`` in stored row order, padding included)."""
+  np_, kp = code_dims(qweight)
+  if qweight.ndim == 4:                                              # tile-major storage
+    qweight = qweight.transpose(0, 2, 1, 3).reshape(np_, kp // PLANES)
   u = jax.lax.bitcast_convert_type(qweight, jnp.uint16)
   shifts = jnp.arange(PLANES, dtype=jnp.uint16) * 4
   fields = (u[..., None] >> shifts) & jnp.uint16(0xF)                 # [Np, Kp/4, planes]

@@ -143,6 +143,25 @@ class Statics:
     return self.seg // self.block_k if self.long_groups else 1
 
 
+def weight_boxes(qt_ref, s_ref, z_ref, *, feature0, step, g0, gps: int, span2: int):
+  """GMEM views of one warpgroup's TMA boxes at global step ``step``: the codes ``[64, span2]``
+  and the scale / zero rows ``[gps, 64]`` (from group ``g0``) of features ``[feature0,
+  feature0 + 64)``, in either storage of ``layout.MosaicWeight`` (tile-major: 4-D codes, each
+  box one contiguous run of memory)."""
+  if qt_ref.ndim == 4:
+    tile, groups = feature0 // BN, pl.ds(g0, gps)
+    return (qt_ref.at[tile, step], s_ref.at[tile, groups],
+            None if z_ref is None else z_ref.at[tile, groups])
+  rows, groups = pl.ds(feature0, BN), pl.ds(g0, gps)
+  return (qt_ref.at[rows, pl.ds(step * span2, span2)], s_ref.at[groups, rows],
+          None if z_ref is None else z_ref.at[groups, rows])
+
+
+def scale_rows(s_ref) -> int:
+  """``Gp``, the scale rows per feature (1 per-channel), of either storage."""
+  return s_ref.shape[0] if s_ref.ndim == 2 else s_ref.shape[1]
+
+
 def _tiled(span2: int) -> tuple:
   """SMEM transforms of a 16-bit array whose minor dimension is ``span2`` elements: tiles of at
   most 64 elements (128 bytes, the widest swizzle; a 128-element plane is two tiles)."""
@@ -234,15 +253,15 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
       plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
     # Scale rows of this step: gps groups (short groups) or the one group it belongs to.
     g0 = gt // rows_per_scale if st.long_groups else gt * gps
-    if s_ref.shape[0] == 1:
+    if scale_rows(s_ref) == 1:
       g0 = 0                                       # per-channel: one row for all of K
     for w in range(wgs):
-      rows = pl.ds(n0 + w * BN, BN)
-      plgpu.copy_gmem_to_smem(qt_ref.at[rows, pl.ds(gt * span2, span2)], w_ring.at[slot, w],
-                              bar)
-      plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), rows], s_ring.at[slot, w], bar)
+      codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN, step=gt,
+                                           g0=g0, gps=gps, span2=span2)
+      plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
+      plgpu.copy_gmem_to_smem(s_rows, s_ring.at[slot, w], bar)
       if not st.sym:
-        plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), rows], z_ring.at[slot, w], bar)
+        plgpu.copy_gmem_to_smem(z_rows, z_ring.at[slot, w], bar)
 
   def zero_at(slot, g):
     """B + z of group ``g`` of ring slot ``slot`` in the operand dtype (exact: B + z < 2B), B
@@ -447,7 +466,7 @@ def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool
   """``plgpu.kernel`` wrapper: grid, scratch and the float32 partials ``[split_k, Np, m_pad]``
   (``st.direct_out``: y ``out_shape = (M, N)`` in x's dtype; with a ``mosaic_stream.StreamPlan``
   the stream-K kernel on the same scratch, its parts already summed: ``[1, Np, m_pad]``)."""
-  np_ = qt.shape[0]
+  np_ = layout.code_dims(qt)[0]
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   x_copies = PLANES if st.direct_x else 1
   copies = x_copies + wgs * (2 if st.sym else 3)   # TMA copies (barrier arrivals) per step
@@ -515,14 +534,20 @@ def _check_direct_call(x, mw: layout.MosaicWeight, bias) -> None:
     raise TypeError(f"MosaicWeight qweight must be int16 (planar codes), got {mw.qweight.dtype}")
   kp = layout.mosaic_padded_k(k, mw.group_size, mw.block_k)
   np_ = -(-n // BN) * BN
-  if mw.qweight.shape != (np_, kp // PLANES):
-    raise ValueError(f"MosaicWeight qweight shape {mw.qweight.shape} does not match shape "
-                     f"{mw.shape} with block_k={mw.block_k} (expected {(np_, kp // PLANES)})")
   gp = 1 if mw.group_size >= k else kp // mw.group_size
-  if mw.scales.shape != (gp, np_):
-    raise ValueError(f"MosaicWeight scales shape {mw.scales.shape}, expected {(gp, np_)}")
-  if mw.zeros is not None and mw.zeros.shape != (gp, np_):
-    raise ValueError(f"MosaicWeight zeros shape {mw.zeros.shape}, expected {(gp, np_)}")
+  span2 = mw.block_k // PLANES
+  if mw.tile_major:
+    codes_shape = (np_ // BN, kp // mw.block_k, BN, span2)
+    rows_shape = (np_ // BN, gp, BN)
+  else:
+    codes_shape, rows_shape = (np_, kp // PLANES), (gp, np_)
+  if mw.qweight.shape != codes_shape:
+    raise ValueError(f"MosaicWeight qweight shape {mw.qweight.shape} does not match shape "
+                     f"{mw.shape} with block_k={mw.block_k} (expected {codes_shape})")
+  if mw.scales.shape != rows_shape:
+    raise ValueError(f"MosaicWeight scales shape {mw.scales.shape}, expected {rows_shape}")
+  if mw.zeros is not None and mw.zeros.shape != rows_shape:
+    raise ValueError(f"MosaicWeight zeros shape {mw.zeros.shape}, expected {rows_shape}")
   if not hasattr(x, "ndim") or x.ndim < 1 or x.shape[-1] != k:
     raise ValueError(f"x must be [..., K={k}], got shape {getattr(x, 'shape', type(x))}")
   if bias is not None and getattr(bias, "shape", None) != (n,):
@@ -631,7 +656,10 @@ def _fused_fwd(x, qweight, scales, zeros, bias, static: _Static):
 def _fused_bwd(static: _Static, res, dy):
   """dx = dy @ W^T with W unpacked from the planar codes by XLA (no gradient for the weight)."""
   qweight, scales, zeros, bias = res
-  kp = qweight.shape[1] * PLANES
+  if qweight.ndim == 4:                          # tile-major storage -> [Gp, Np] rows
+    scales = scales.transpose(1, 0, 2).reshape(scales.shape[1], -1)
+    zeros = None if zeros is None else zeros.transpose(1, 0, 2).reshape(zeros.shape[1], -1)
+  kp = layout.code_dims(qweight)[1]
   codes = layout.unpack_mosaic(qweight, static.cfg.block_k).astype(jnp.float32)  # W^T, stored
   rows = jnp.arange(kp) // static.group_size if scales.shape[0] > 1 else jnp.zeros(kp, jnp.int32)
   z = (jnp.float32(2 ** (static.bits - 1)) if zeros is None
@@ -650,7 +678,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   """Pads and plane-orders x, launches the kernel, adds the splits and the bias (XLA)."""
   cfg = static.cfg
   m, k = x.shape
-  kp = qweight.shape[1] * PLANES
+  np_, kp = layout.code_dims(qweight)
   span2, m_pad = cfg.block_k // PLANES, mosaic_m_pad(m)
   stream = cfg.stream_ctas > 0             # stream-K (mosaic_stream.py): no K split
   ks = kp if stream else kp // cfg.split_k
@@ -682,7 +710,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   plan = None
   if stream:
     from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
-    tiles, steps = qweight.shape[0] // cfg.block_n, kp // cfg.block_k
+    tiles, steps = np_ // cfg.block_n, kp // cfg.block_k
     plan = mosaic_stream.StreamPlan(tiles=tiles, steps=steps,
                                     ctas=min(cfg.stream_ctas, tiles * steps))
   if direct_x:

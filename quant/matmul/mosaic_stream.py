@@ -45,7 +45,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from quant.matmul.mosaic import BN, PLANES, Statics, _codes
+from quant.matmul import layout
+from quant.matmul.mosaic import BN, PLANES, Statics, _codes, scale_rows, weight_boxes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,14 +121,16 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, 
     slot = lax.rem(t, stages)
     bar = ready.at[slot]
     plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
-    g0 = 0 if s_ref.shape[0] == 1 else (gt // rows_per_scale if st.long_groups else gt * gps)
+    g0 = 0 if scale_rows(s_ref) == 1 else (
+        gt // rows_per_scale if st.long_groups else gt * gps)
     for w in range(wgs):
-      rows = pl.ds(tile * (BN * wgs) + w * BN, BN)
-      plgpu.copy_gmem_to_smem(qt_ref.at[rows, pl.ds(gt * span2, span2)], w_ring.at[slot, w],
-                              bar)
-      plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(g0, gps), rows], s_ring.at[slot, w], bar)
+      codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref,
+                                           feature0=tile * (BN * wgs) + w * BN, step=gt, g0=g0,
+                                           gps=gps, span2=span2)
+      plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
+      plgpu.copy_gmem_to_smem(s_rows, s_ring.at[slot, w], bar)
       if not st.sym:
-        plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(g0, gps), rows], z_ring.at[slot, w], bar)
+        plgpu.copy_gmem_to_smem(z_rows, z_ring.at[slot, w], bar)
 
   def prefetch(t):
     """Warpgroup 0 at unit t: TMA of unit t + stages - 1 into the slot unit t - 1 used."""
@@ -214,7 +217,7 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, 
 def launch(xt, qt, scales, zeros, *, st: Statics, plan: StreamPlan, scratch, interpret: bool):
   """``plgpu.kernel`` of ``stream_kernel``: the float32 parts ``[P, Np, m_pad]`` summed over
   the written slots -> ``[Np, m_pad]``."""
-  np_ = qt.shape[0]
+  np_ = layout.code_dims(qt)[0]
 
   def body(*refs, scratch):
     if st.sym:

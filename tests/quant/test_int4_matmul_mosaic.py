@@ -603,3 +603,98 @@ def test_compiled_stream_k_matches_reference(m, k, n, group_size, block_n, ctas)
   mw = layout.prepare_mosaic(qw, block_k=256)
   cfg = MosaicConfig(block_n=block_n, block_k=256, num_stages=3, stream_ctas=ctas)
   _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=cfg), x, qw, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tile-major storage (layout.prepare_mosaic(..., tile_major=True)): each TMA box contiguous
+# ----------------------------------------------------------------------------------------------
+
+def test_tile_major_layout_round_trips():
+  qw = _weight(1024, 130, group_size=128, sym=False, act_order=True, seed=2)
+  row = layout.prepare_mosaic(qw, block_k=256)
+  tile = layout.prepare_mosaic(qw, block_k=256, tile_major=True)
+  assert tile.tile_major and tile.qweight.shape == (3, 4, 64, 64)        # Np/64, steps, 64, span2
+  assert tile.scales.shape == (3, 8, 64) and tile.zeros.shape == (3, 8, 64)
+  assert tile.padded_shape == row.padded_shape == (1024, 192)
+  # Box (feature tile i, step s) is rows [64 i, 64 i + 64) x columns [64 s, 64 s + 64) of the
+  # row-major codes, stored contiguously.
+  np.testing.assert_array_equal(np.asarray(tile.qweight[2, 1]), np.asarray(row.qweight[128:, 64:128]))
+  np.testing.assert_array_equal(np.asarray(tile.scales[1, 5]), np.asarray(row.scales[5, 64:128]))
+  back = layout.to_row_major(tile)
+  for name in ("qweight", "scales", "zeros", "perm"):
+    np.testing.assert_array_equal(np.asarray(getattr(back, name)), np.asarray(getattr(row, name)))
+  assert not back.tile_major and layout.to_row_major(row) is row
+  np.testing.assert_array_equal(np.asarray(layout.unpack_mosaic(tile.qweight, 256)),
+                                np.asarray(layout.unpack_mosaic(row.qweight, 256)))
+
+
+# (m, k, n, group_size, sym, config): short groups, long groups with a K split, per-channel with
+# padded K and N, stream-K crossing tile boundaries.
+TILE_MAJOR_CASES = [
+    (3, 1024, 192, 128, False, MosaicConfig(block_n=64, block_k=256, num_stages=2)),
+    (2, 1024, 130, 512, True, MosaicConfig(block_n=64, block_k=256, num_stages=2, split_k=2)),
+    (5, 520, 70, -1, False, MosaicConfig(block_n=64, block_k=256, num_stages=3)),
+    (4, 1024, 192, 64, False, MosaicConfig(block_n=64, block_k=256, num_stages=2, stream_ctas=5)),
+]
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,config", TILE_MAJOR_CASES,
+                         ids=["short_groups", "long_groups_split2", "per_channel", "stream_k"])
+def test_tile_major_is_bitwise_equal_to_row_major(m, k, n, group_size, sym, config):
+  """The storage changes where each TMA box is read from, not what it holds."""
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=False, seed=m)
+  x = _x(m, k, BF16, seed=m + 3)
+  b = _x(1, n, BF16, seed=6)[0]
+  outs = [w4_mosaic.int4_matmul(x, layout.prepare_mosaic(qw, block_k=256, tile_major=t), bias=b,
+                                config=config, interpret=True) for t in (False, True)]
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
+  _check(outs[1], x, qw, b)
+
+
+def test_tile_major_gradient_and_bad_shapes():
+  qw = _weight(512, 64, group_size=128, sym=False, act_order=False, seed=4)
+  x = _x(2, 512, BF16, seed=5)
+  grads = []
+  for t in (False, True):
+    mw = layout.prepare_mosaic(qw, block_k=256, tile_major=t)
+    f = lambda x: jnp.sum(w4_mosaic.int4_matmul(x, mw, interpret=True).astype(jnp.float32))
+    grads.append(np.asarray(jax.grad(f)(x), np.float32))
+  np.testing.assert_array_equal(grads[0], grads[1])
+  mw = layout.prepare_mosaic(qw, block_k=256, tile_major=True)
+  with pytest.raises(ValueError, match="scales shape"):
+    w4_mosaic.int4_matmul(x, dataclasses.replace(mw, scales=mw.scales[:, :-1]), interpret=True)
+  with pytest.raises(ValueError, match="qweight shape"):
+    w4_mosaic.int4_matmul(x, dataclasses.replace(mw, qweight=mw.qweight[:, :-1]), interpret=True)
+
+
+@pytest.mark.parametrize("m,config", [
+    (1, MosaicConfig(block_n=64, num_stages=4)),
+    (16, MosaicConfig(block_n=128, num_stages=3, stream_ctas=132))], ids=["grid", "stream_k"])
+def test_tile_major_lowers_to_mosaic_gpu_for_h200(m, config):
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  qw = _abstract_weight(8192, 28672, group_size=128, sym=False, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=512, tile_major=True), qw)
+  assert mw.qweight.shape == (448, 16, 64, 128)
+  x = jax.ShapeDtypeStruct((m, 8192), BF16)
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,group_size,config", [
+    (1, 4096, 1024, 128, MosaicConfig(block_n=64, block_k=256, num_stages=4)),
+    (16, 2048, 640, 64, MosaicConfig(block_n=128, block_k=256, num_stages=3, split_k=2)),
+    (3, 4096, 1024, 512, MosaicConfig(block_n=64, block_k=256, num_stages=3, stream_ctas=40))],
+    ids=["decode", "m16_split2", "stream_k"])
+def test_compiled_tile_major_is_bitwise_equal(m, k, n, group_size, config):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(k, n, group_size=group_size, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  outs = [w4_mosaic.int4_matmul(x, layout.prepare_mosaic(qw, block_k=256, tile_major=t),
+                                config=config, interpret=False) for t in (False, True)]
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
+  _check(outs[1], x, qw, None)
