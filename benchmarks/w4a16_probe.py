@@ -17,6 +17,9 @@ checked -- only the base variant's error is:
   direct / direct_s2: a candidate (``MosaicConfig.direct_io``), error checked like base
   stream132 / stream264 / stream396: the stream-K form (``MosaicConfig.stream_ctas``), checked;
   no_mma_stream264: its memory pipeline alone
+  two_ops   the dequant's and/or as two MLIR ops (what ran before session 9), checked
+  late / late_stream264 / late_stream132: ``MosaicConfig.late_zero`` (no packed subtract),
+            checked
   tile / no_mma_tile / tile_direct / no_mma_tile_direct / tile_stream264 / no_mma_direct: the
             weight in tile-major storage (``prepare_mosaic(..., tile_major=True)``: each TMA box
             one contiguous run of memory instead of 64 rows of block_k/2 bytes Kp/2 apart), and
@@ -46,7 +49,10 @@ for _p in (os.path.dirname(_HERE), _HERE):
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
+from jax.experimental.mosaic import gpu as mgpu  # noqa: E402
 from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: E402
+from jaxlib.mlir import ir  # noqa: E402
+from jaxlib.mlir.dialects import arith  # noqa: E402
 
 import quant  # noqa: E402
 import timing  # noqa: E402
@@ -81,11 +87,18 @@ def _skip_odd_planes():
   return _Plgpu(wgmma)
 
 
+def _two_ops(word, mask: int, magic: int):
+  """The dequant's and/or as two MLIR ops (before session 9: ptxas made two LOP3s of them)."""
+  i32 = ir.IntegerType.get_signless(32)
+  return arith.ori(arith.andi(word, mgpu.utils.c(mask, i32)), mgpu.utils.c(magic, i32))
+
+
 PATCHES = {
     "base": {},
     "nodq": dict(_codes=lambda codes, p, st: lax.bitcast_convert_type(codes, st.dtype)),
     "half_mma": dict(plgpu=_skip_odd_planes),
     "no_mma": dict(plgpu=lambda: _Plgpu(lambda *a, **k: None)),
+    "two_ops": dict(_and_or=_two_ops),
 }
 VARIANTS = (  # name, patch, config overrides
     ("base", "base", {}), ("nodq", "nodq", {}), ("half_mma", "half_mma", {}),
@@ -105,6 +118,11 @@ VARIANTS = (  # name, patch, config overrides
     ("no_mma_tile_direct", "no_mma", dict(tile_major=True, direct_io=True)),
     ("tile_direct", "base", dict(tile_major=True, direct_io=True)),
     ("tile_stream264", "base", dict(tile_major=True, stream_ctas=264)),
+    # Session 9 (Nsight Compute's instruction mix): the and/or as one lop3 (now in base) against
+    # the two LOP3s ptxas made before; late_zero (no packed subtract), alone and with stream-K.
+    ("two_ops", "two_ops", {}), ("late", "base", dict(late_zero=True)),
+    ("late_stream264", "base", dict(late_zero=True, stream_ctas=264)),
+    ("late_stream132", "base", dict(late_zero=True, stream_ctas=132)),
 )
 
 
@@ -114,8 +132,9 @@ def _apply(patch: str):
   for name, value in PATCHES[patch].items():
     new = value() if name == "plgpu" else value
     for mod in (w4, w4_stream):
-      saved[(mod, name)] = getattr(mod, name)
-      setattr(mod, name, new)
+      if hasattr(mod, name):
+        saved[(mod, name)] = getattr(mod, name)
+        setattr(mod, name, new)
   return saved
 
 
@@ -174,7 +193,7 @@ def main() -> int:
         entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
         entry["ms"] = timing.measure(fn, (x, weights), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
-        if name in ("base", "direct", "stream264", "tile") and not args.quick:
+        if name in ("base", "direct", "stream264", "late") and not args.quick:
           entry["breakdown_one_call"] = timing.kernel_breakdown(one, (x, weights[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]

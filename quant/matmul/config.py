@@ -211,6 +211,15 @@ class MosaicConfig:
   across tile boundaries, partial sums per K segment added by XLA (``mosaic_stream.py``);
   replaces ``split_k`` and the one-CTA-per-(tile, split) grid; ``pipeline``, ``fold_zero``
   and ``direct_io`` are ignored with it.
+  ``late_zero``: the wgmma takes ``B + q`` straight from the bit operations, and each group's
+  float32 partial is corrected afterwards by the rank-1 ``(B + z_g[n]) X_g[m]``, ``X_g`` the
+  sum of x's columns over the group (computed by XLA): since ``sum_k (B + q) x = sum_k (q - z)
+  x + (B + z) sum_k x``, this drops the packed 16-bit subtract (one instruction per two weights,
+  17% of the kernel's instructions in Nsight Compute, session 9) for ~m_pad / 2 FMAs a thread
+  per group. The accumulator then holds sums ~(B + q) / |q - z| ~ 30x larger before the
+  correction cancels them, so float32 rounding of the partial grows by as much (still ~1e-5
+  of the output for activations without a large common offset). Ignored with ``pipeline`` or
+  ``fold_zero``.
   """
   block_n: int = 128
   block_k: int = 512
@@ -221,6 +230,7 @@ class MosaicConfig:
   pipeline: bool = False
   direct_io: bool = False
   stream_ctas: int = 0
+  late_zero: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):

@@ -66,7 +66,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith
+from jaxlib.mlir.dialects import arith, llvm
 from jaxtyping import Array, Float
 
 from quant import formats
@@ -111,6 +111,8 @@ class Statics:
   pipeline: bool = False      # step t's wgmmas run while step t + 1 is dequantized (registers_a)
   direct_x: bool = False      # x read as [M, K] by one TMA per plane (rows >= M, columns >= K
                               # zero-filled by the TMA unit): no XLA pad / plane transpose
+  late_zero: bool = False     # wgmma takes B + q; (B + z) X_g is subtracted from each group's
+                              # float32 partial afterwards (``MosaicConfig.late_zero``)
   direct_out: bool = False    # y [M, N] in x's dtype stored by the kernel (split_k = 1, no
                               # bias): no XLA slice / transpose / cast after it
 
@@ -174,7 +176,7 @@ def _paired_codes(codes, p: int, st: Statics):
   In the WGMMA layout each 32-bit register of a 16-bit ``[64, span2]`` array holds columns
   ``2u`` (low half) and ``2u + 1`` (high half) of one row, both for the int16 codes and for the
   bf16/f16 operand, so one 32-bit ``((r >> 4p) & 0x000F000F) | (B_bits * 0x10001)`` makes the
-  two operands of that register at once. That is one shift and one lop3 (ptxas fuses the and/or)
+  two operands of that register at once. That is one shift and one lop3 (``_and_or``)
   per two weights, where the int32-word layout needed a shift, an and/or and an int32 -> int16
   pack per weight (~3 integer ops per weight): now 1 integer op per weight plus one packed
   bf16x2 subtract of ``B + z`` per two weights (~1.5 ops per weight). Pallas cannot express the
@@ -188,19 +190,50 @@ def _paired_codes(codes, p: int, st: Statics):
   def dequant(_, tile):
     i32 = ir.IntegerType.get_signless(32)
     pair_ty = ir.VectorType.get((2,), mgpu.utils.dtype_to_ir_type(st.dtype))
-    mask = mgpu.utils.c(0x000F000F, i32)
-    magic = mgpu.utils.c(st.magic_bits * 0x10001, i32)      # B in both halves
+    magic = st.magic_bits * 0x10001                          # B in both halves
     shift = mgpu.utils.c(4 * p, i32)
     regs = np.empty_like(tile.registers)
     for idx, reg in np.ndenumerate(tile.registers):         # reg: vector<2xi16>
       word = mgpu.utils.bitcast(reg, i32)
       if p:
         word = arith.shrui(word, shift)
-      word = arith.ori(arith.andi(word, mask), magic)
+      word = _and_or(word, 0x000F000F, magic)
       regs[idx] = mgpu.utils.bitcast(word, pair_ty)
     return mgpu.FragmentedArray(_registers=regs, _layout=tile.layout, _is_signed=None)
 
   return dequant(codes)
+
+
+def zero_offset(z_ring, xs_ring, slot, wg, g: int, st: Statics):
+  """``(B + z_g) X_g`` as a float32 ``[64, m_pad]`` tile: what a wgmma over ``B + q`` adds on
+  top of ``(q - z) x`` for group ``g`` of a ring slot (``Statics.late_zero``), with
+  ``X_g[m] = sum_k x[m, k]`` over the group's rows of the step (``x_sums``). A rank-1 product
+  of a per-feature row and a per-activation column: ~m_pad / 2 FMAs a thread per group, where
+  the packed subtract it replaces is one bf16x2 op per two weights (block_k / 4 a thread)."""
+  xs = plgpu.load(xs_ring.at[slot, g], (), layout=plgpu.Layout.WGMMA.reduce(0))
+  xs = lax.broadcast_in_dim(xs, (BN, st.m_pad), [1])
+  if st.sym:
+    return jnp.float32(st.magic + st.zero) * xs
+  z = plgpu.load(z_ring.at[slot, wg, g], (), layout=plgpu.Layout.WGMMA.reduce(1))
+  return lax.broadcast_in_dim(z.astype(jnp.float32) + st.magic, (BN, st.m_pad), [0]) * xs
+
+
+def x_sums(xp, *, st: Statics):
+  """x's column sums per piece of ``block_k / groups_per_step`` rows (a group, or a step when
+  a group spans several steps): float32 ``[Kp/piece, m_pad]`` from the padded ``[m_pad, Kp]``
+  x (``Statics.late_zero``)."""
+  piece = st.block_k // st.groups_per_step
+  m_pad, kp = xp.shape
+  return jnp.sum(xp.astype(jnp.float32).reshape(m_pad, kp // piece, piece), axis=-1).T
+
+
+def _and_or(word, mask: int, magic: int):
+  """``(word & mask) | magic`` (32-bit) as one ``lop3`` (LUT 0xEA = (a & b) | c). Written as PTX
+  because from ``arith.andi`` + ``arith.ori`` ptxas emitted two LOP3s per register: 2 of the
+  3.75 instructions per two weights in Nsight Compute's count (benchmarks/NOTES.md, session 9)."""
+  i32 = ir.IntegerType.get_signless(32)
+  return llvm.inline_asm(i32, [word], f"lop3.b32 $0, $1, {mask:#010x}, {magic:#010x}, 0xEA;",
+                         "=r,r")
 
 
 def _codes(codes, p: int, st: Statics):
@@ -213,7 +246,7 @@ def _codes(codes, p: int, st: Statics):
   return lax.bitcast_convert_type(bits, st.dtype)
 
 
-def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
+def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: Statics):
   """One CTA: rows ``[bn i, bn (i + 1))`` of ``y^T`` from split ``k`` of K (grid ``(i, k)``).
 
   ``st.wgs`` warpgroups (threads "wg") each own 64 of the CTA's ``bn = 64 wgs`` rows and share
@@ -223,12 +256,13 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
 
   Refs (GMEM): xt ``[Kp/span2, m_pad, span2]`` (x in planes; with ``st.direct_x`` x itself,
   ``[M, K]``), qt int16 ``[Np, Kp/4]`` (planar codes, ``layout.MosaicWeight``), s ``[Gp, Np]``,
-  z ``[Gp, Np]`` bf16 or None, o float32 ``[split_k, Np, m_pad]`` (with ``st.direct_out``: y
-  itself, ``[M, N]`` in x's dtype). Scratch: the TMA ring (codes, x, scales, zeros), two dequantized
-  planes (``registers_a=False`` only) and an output tile per warpgroup, and the ``ready`` /
-  ``free`` barriers of each ring slot.
+  z ``[Gp, Np]`` bf16 or None, xs float32 ``[Kp/piece, m_pad]`` (``st.late_zero`` only: x's
+  column sums over each group's piece of a step, see ``x_sums``), o float32 ``[split_k, Np,
+  m_pad]`` (with ``st.direct_out``: y itself, ``[M, N]`` in x's dtype). Scratch: the TMA ring
+  (codes, x, scales, zeros, x sums), two dequantized planes (``registers_a=False`` only) and an
+  output tile per warpgroup, and the ``ready`` / ``free`` barriers of each ring slot.
   """
-  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free = scratch
+  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg = lax.axis_index("wg")
   planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
@@ -255,6 +289,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     g0 = gt // rows_per_scale if st.long_groups else gt * gps
     if scale_rows(s_ref) == 1:
       g0 = 0                                       # per-channel: one row for all of K
+    if st.late_zero:
+      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)], xs_ring.at[slot], bar)
     for w in range(wgs):
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN, step=gt,
                                            g0=g0, gps=gps, span2=span2)
@@ -314,8 +350,9 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
             plgpu.wgmma(acc_refs[i], neg_zero, x_ring.at[slot, p].transpose((1, 0)))
             continue
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
-          # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q.
-          vals = _codes(codes, p, st) - zero
+          # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q. With
+          # late_zero the wgmma takes B + q and the group's (B + z) X_g comes off afterwards.
+          vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
           if st.registers_a:
             # The plane is already in wgmma's register-operand layout (``codes`` was loaded as
             # WGMMA): no SMEM round trip, which would cost 4 bytes of SMEM traffic per weight
@@ -338,8 +375,11 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics):
     for g0 in range(0, gps, st.groups_per_scope):
       groups = tuple(range(g0, min(gps, g0 + st.groups_per_scope)))
       accs = [plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in groups]
-      partials += pl.run_scoped(
-          functools.partial(mma, groups=groups, zeros=[zero_of(g) for g in groups]), *accs)
+      zeros = [None if st.late_zero else zero_of(g) for g in groups]
+      partials += pl.run_scoped(functools.partial(mma, groups=groups, zeros=zeros), *accs)
+    if st.late_zero:
+      partials = [part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
+                  for g, part in enumerate(partials)]
     for g in range(gps):
       scales.append(scale_at(slot, g))
     if wgs > 1:
@@ -461,7 +501,7 @@ def _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st: Statics):
   return pl.run_scoped(body, *[plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in range(2 * gps)])
 
 
-def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool,
+def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret: bool,
             out_shape: tuple[int, int] | None = None, plan=None):
   """``plgpu.kernel`` wrapper: grid, scratch and the float32 partials ``[split_k, Np, m_pad]``
   (``st.direct_out``: y ``out_shape = (M, N)`` in x's dtype; with a ``mosaic_stream.StreamPlan``
@@ -469,7 +509,8 @@ def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool
   np_ = layout.code_dims(qt)[0]
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   x_copies = PLANES if st.direct_x else 1
-  copies = x_copies + wgs * (2 if st.sym else 3)   # TMA copies (barrier arrivals) per step
+  copies = (x_copies + wgs * (2 if st.sym else 3)   # TMA copies (barrier arrivals) per step
+            + (1 if st.late_zero else 0))
   out_type = (jax.ShapeDtypeStruct(out_shape, st.dtype) if st.direct_out
               else jax.ShapeDtypeStruct((split_k, np_, st.m_pad), jnp.float32))
   o_tile = (plgpu.SMEM((wgs, st.m_pad, BN), st.dtype) if st.direct_out
@@ -485,11 +526,12 @@ def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool
       o_tile,                                                                     # output tiles
       plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
       plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
+      plgpu.SMEM((stages, gps, st.m_pad), jnp.float32) if st.late_zero else None,  # x sums
   )
   if plan is not None:
     from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
-    return mosaic_stream.launch(xt, qt, scales, zeros, st=st, plan=plan, scratch=scratch,
-                                interpret=interpret)[None]
+    return mosaic_stream.launch(kernel_inputs(xt, qt, scales, zeros, xsum), st=st, plan=plan,
+                                scratch=scratch, interpret=interpret)[None]
   kernel = plgpu.kernel(
       functools.partial(_body_adapter, st=st),
       out_type=out_type,
@@ -502,16 +544,28 @@ def _launch(xt, qt, scales, zeros, *, st: Statics, split_k: int, interpret: bool
       interpret=plgpu.InterpretGPUParams() if interpret else None,
       kernel_name="w4a16_mosaic",
   )
-  return kernel(xt, qt, scales, zeros) if not st.sym else kernel(xt, qt, scales)
+  return kernel(*kernel_inputs(xt, qt, scales, zeros, xsum))
+
+
+def kernel_inputs(xt, qt, scales, zeros, xsum) -> tuple:
+  """The kernels' GMEM inputs, leaving out the absent ones (zeros when symmetric, x sums unless
+  ``late_zero``); ``split_refs`` names them again inside the kernel."""
+  return tuple(a for a in (xt, qt, scales, zeros, xsum) if a is not None)
+
+
+def split_refs(refs, st: Statics) -> tuple:
+  """``(xt, qt, s, z, xs, o)`` refs of a kernel body from ``kernel_inputs`` + the output (None
+  for the absent ones)."""
+  refs = list(refs)
+  xt_ref, qt_ref, s_ref = refs[:3]
+  z_ref = None if st.sym else refs[3]
+  xs_ref = refs[-2] if st.late_zero else None
+  return xt_ref, qt_ref, s_ref, z_ref, xs_ref, refs[-1]
 
 
 def _body_adapter(*refs, scratch, st: Statics):
   """Names ``plgpu.kernel``'s refs (inputs, output; scratch by keyword) for ``w4a16_kernel``."""
-  if st.sym:
-    (xt_ref, qt_ref, s_ref, o_ref), z_ref = refs, None
-  else:
-    xt_ref, qt_ref, s_ref, z_ref, o_ref = refs
-  w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, st=st)
+  w4a16_kernel(*split_refs(refs, st), scratch, st=st)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -707,20 +761,23 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits and not stream,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)
+  # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
+  st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
   plan = None
   if stream:
     from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
     tiles, steps = np_ // cfg.block_n, kp // cfg.block_k
     plan = mosaic_stream.StreamPlan(tiles=tiles, steps=steps,
                                     ctas=min(cfg.stream_ctas, tiles * steps))
+  xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))
   if direct_x:
     xt = x
   else:
     # x in planes: xt[c, m, :] holds x's columns [c*span2, (c+1)*span2); zero padding is
     # harmless (padded weight codes and scales are 0 as well).
-    xp = jnp.pad(x, ((0, m_pad - m), (0, kp - k)))
     xt = xp.reshape(m_pad, kp // span2, span2).transpose(1, 0, 2)
-  parts = _launch(xt, qweight, scales, zeros, st=st, split_k=cfg.split_k,
+  xsum = x_sums(xp, st=st) if st.late_zero else None
+  parts = _launch(xt, qweight, scales, zeros, xsum, st=st, split_k=cfg.split_k,
                   interpret=static.interpret, out_shape=(m, static.n), plan=plan)
   if direct_out:
     return parts

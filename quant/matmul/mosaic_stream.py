@@ -46,7 +46,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
-from quant.matmul.mosaic import BN, PLANES, Statics, _codes, scale_rows, weight_boxes
+from quant.matmul.mosaic import (BN, PLANES, Statics, _codes, scale_rows, split_refs,
+                                 weight_boxes, zero_offset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +96,14 @@ class StreamPlan:
     return out
 
 
-def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, plan: StreamPlan):
+def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: Statics,
+                  plan: StreamPlan):
   """One persistent CTA (grid axis "cta"): its share of the units, one ring across tiles.
 
   Refs and scratch as ``mosaic.w4a16_kernel`` (x in planes ``[Kp/span2, m_pad, span2]``), but
   the output is ``parts [P, Np, m_pad]`` float32 (see the module docstring).
   """
-  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free = scratch
+  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
   planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
@@ -123,6 +125,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, 
     plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
     g0 = 0 if scale_rows(s_ref) == 1 else (
         gt // rows_per_scale if st.long_groups else gt * gps)
+    if st.late_zero:
+      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)], xs_ring.at[slot], bar)
     for w in range(wgs):
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref,
                                            feature0=tile * (BN * wgs) + w * BN, step=gt, g0=g0,
@@ -156,12 +160,13 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, 
     codes = plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
     per_group = PLANES // gps
     for g in range(gps):
-      zero = zero_of(slot, g)
+      zero = None if st.late_zero else zero_of(slot, g)
 
       def mma(acc_ref, g=g, zero=zero):
         for j in range(per_group):
           p = g * per_group + j
-          vals = _codes(codes, p, st) - zero        # (B + q) - (B + z) = q - z, exact
+          # (B + q) - (B + z) = q - z, exact; or B + q, its offset taken off below (late_zero)
+          vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
           if st.registers_a:
             plgpu.wgmma(acc_ref, vals, x_ring.at[slot, p].transpose((1, 0)))
             continue
@@ -173,6 +178,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, 
         plgpu.wgmma_wait(0)
         return acc_ref[...]
       part = pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32))
+      if st.late_zero:
+        part = part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
       s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
       total = total + lax.broadcast_in_dim(s, (BN, st.m_pad), [0]) * part
     if wgs > 1:
@@ -214,17 +221,13 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, *, st: Statics, 
   plgpu.wait_smem_to_gmem(0)
 
 
-def launch(xt, qt, scales, zeros, *, st: Statics, plan: StreamPlan, scratch, interpret: bool):
-  """``plgpu.kernel`` of ``stream_kernel``: the float32 parts ``[P, Np, m_pad]`` summed over
-  the written slots -> ``[Np, m_pad]``."""
-  np_ = layout.code_dims(qt)[0]
+def launch(inputs: tuple, *, st: Statics, plan: StreamPlan, scratch, interpret: bool):
+  """``plgpu.kernel`` of ``stream_kernel`` on ``mosaic.kernel_inputs``: the float32 parts
+  ``[P, Np, m_pad]`` summed over the written slots -> ``[Np, m_pad]``."""
+  np_ = layout.code_dims(inputs[1])[0]
 
   def body(*refs, scratch):
-    if st.sym:
-      (xt_ref, qt_ref, s_ref, o_ref), z_ref = refs, None
-    else:
-      xt_ref, qt_ref, s_ref, z_ref, o_ref = refs
-    stream_kernel(xt_ref, qt_ref, s_ref, z_ref, o_ref, scratch, st=st, plan=plan)
+    stream_kernel(*split_refs(refs, st), scratch, st=st, plan=plan)
 
   kernel = plgpu.kernel(
       body,
@@ -238,6 +241,6 @@ def launch(xt, qt, scales, zeros, *, st: Statics, plan: StreamPlan, scratch, int
       interpret=plgpu.InterpretGPUParams() if interpret else None,
       kernel_name="w4a16_mosaic_stream",
   )
-  parts = kernel(xt, qt, scales) if st.sym else kernel(xt, qt, scales, zeros)
+  parts = kernel(*inputs)
   mask = np.repeat(plan.written(), BN * st.wgs, axis=1)[:, :, None]     # [P, Np, 1], static
   return jnp.sum(jnp.where(mask, parts, 0.0), axis=0)

@@ -312,11 +312,12 @@ def test_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, act_order, dtyp
 @pytest.mark.parametrize("registers_a,block_k,dtype", [(True, 512, BF16), (True, 128, F16),
                                                        (False, 256, BF16)])
 def test_lowering_uses_paired_dequant(monkeypatch, registers_a, block_k, dtype):
-  """The compiled form dequantizes with the inline Mosaic GPU routine (3 ops per 32-bit register:
-  shift (not for plane 0), and, or) and, with registers_a, feeds wgmma an array, not a ref."""
+  """The compiled form dequantizes with the inline Mosaic GPU routine (per 32-bit register: a
+  shift (not for plane 0) and one PTX lop3 for the and/or) and, with registers_a, feeds wgmma an
+  array, not a ref."""
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
-  counts = dict(shrui=0, andi=0, ori=0)
+  counts = dict(shrui=0, and_or=0)
 
   def counting(name):
     op = getattr(w4_mosaic.arith, name)
@@ -325,8 +326,13 @@ def test_lowering_uses_paired_dequant(monkeypatch, registers_a, block_k, dtype):
       return op(*args, **kwargs)
     return wrapped
 
-  monkeypatch.setattr(w4_mosaic, "arith", types.SimpleNamespace(
-      **{name: counting(name) for name in counts}))
+  monkeypatch.setattr(w4_mosaic, "arith", types.SimpleNamespace(shrui=counting("shrui")))
+  and_or = w4_mosaic._and_or
+
+  def counting_and_or(*args):
+    counts["and_or"] += 1
+    return and_or(*args)
+  monkeypatch.setattr(w4_mosaic, "_and_or", counting_and_or)
   a_operands = []
   wgmma = w4_mosaic.plgpu.wgmma
   monkeypatch.setattr(w4_mosaic.plgpu, "wgmma", lambda acc, a, b, **kw: (
@@ -343,7 +349,7 @@ def test_lowering_uses_paired_dequant(monkeypatch, registers_a, block_k, dtype):
   assert "mosaic_gpu" in text
   # One register holds 2 codes: a 64 x span2 plane is 64 * span2 / 2 / 128 registers a thread.
   regs = 64 * (block_k // 4) // 2 // 128
-  assert counts["ori"] == counts["andi"] == 4 * regs and counts["shrui"] == 3 * regs, counts
+  assert counts["and_or"] == 4 * regs and counts["shrui"] == 3 * regs, counts
   assert a_operands and all(a == registers_a for a in a_operands)
 
 
@@ -698,3 +704,89 @@ def test_compiled_tile_major_is_bitwise_equal(m, k, n, group_size, config):
                                 config=config, interpret=False) for t in (False, True)]
   np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
   _check(outs[1], x, qw, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# late_zero: wgmma over B + q, the (B + z) X_g offset taken off each group's float32 partial
+# ----------------------------------------------------------------------------------------------
+
+# (m, k, n, group_size, sym, config): short groups (2 per step), long groups over a K split,
+# per-channel with a K split and padded K / N, symmetric, stream-K across tile boundaries.
+LATE_ZERO_CASES = [
+    (3, 1024, 192, 64, False, MosaicConfig(block_n=64, block_k=256, num_stages=2)),
+    (2, 2048, 130, 512, False, MosaicConfig(block_n=64, block_k=256, num_stages=3, split_k=2)),
+    (5, 520, 70, -1, False, MosaicConfig(block_n=64, block_k=256, num_stages=2, split_k=3)),
+    (8, 1024, 128, 128, True, MosaicConfig(block_n=64, block_k=512, num_stages=2)),
+    (4, 1024, 192, 128, False, MosaicConfig(block_n=64, block_k=256, num_stages=2,
+                                            stream_ctas=5)),
+]
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,config", LATE_ZERO_CASES,
+                         ids=["short_groups", "long_groups_split2", "per_channel_split3", "sym",
+                              "stream_k"])
+def test_late_zero_matches_reference(m, k, n, group_size, sym, config):
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=False, seed=m + 1)
+  x = _x(m, k, BF16, seed=m + 2)
+  b = _x(1, n, BF16, seed=8)[0]
+  late = dataclasses.replace(config, late_zero=True)
+  y = w4_mosaic.int4_matmul(x, qw, bias=b, config=late, interpret=True)
+  assert y.shape == (m, n) and y.dtype == BF16
+  _check(y, x, qw, b)
+  # Same maths as the packed subtract up to float32 rounding of the partials.
+  base = w4_mosaic.int4_matmul(x, qw, bias=b, config=config, interpret=True)
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(base, np.float32),
+                             rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(base))))
+
+
+def test_x_sums_per_piece():
+  """One sum per group when a step holds several groups, one per step when a group is longer."""
+  xp = jnp.arange(2 * 1024, dtype=jnp.float32).reshape(2, 1024).astype(BF16)
+  short = w4_mosaic.Statics(m_pad=2, steps=4, block_k=256, seg=64, stages=2, wgs=1, sym=False,
+                            zero=8.0, dtype=BF16, magic_bits=0x4300, magic=128.0)
+  want = np.asarray(xp, np.float32).reshape(2, 16, 64).sum(-1).T
+  np.testing.assert_allclose(np.asarray(w4_mosaic.x_sums(xp, st=short)), want, rtol=1e-6)
+  long = dataclasses.replace(short, seg=512)
+  want = np.asarray(xp, np.float32).reshape(2, 4, 256).sum(-1).T
+  np.testing.assert_allclose(np.asarray(w4_mosaic.x_sums(xp, st=long)), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("m,sym,config", [
+    (1, False, MosaicConfig(block_n=64, num_stages=4, late_zero=True)),
+    (16, True, MosaicConfig(block_n=128, num_stages=3, late_zero=True)),
+    (1, False, MosaicConfig(block_n=64, num_stages=4, stream_ctas=264, late_zero=True))],
+    ids=["decode", "m16_sym_wg2", "stream_k"])
+def test_late_zero_lowers_without_the_packed_subtract(monkeypatch, m, sym, config):
+  """Compiled form: no bf16x2 subtract of B + z is traced (the wgmma A operands come straight
+  from the bit operations) and the x sums are one more kernel input."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  qw = _abstract_weight(8192, 28672, group_size=128, sym=sym, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=512), qw)
+  x = jax.ShapeDtypeStruct((m, 8192), BF16)
+  offsets = []
+  real = w4_mosaic.zero_offset
+  monkeypatch.setattr(w4_mosaic, "zero_offset", lambda *a: offsets.append(1) or real(*a))
+  if config.stream_ctas:
+    from quant.matmul import mosaic_stream
+    monkeypatch.setattr(mosaic_stream, "zero_offset", w4_mosaic.zero_offset)
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
+  with _h200():
+    text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  assert len(offsets) == 4                   # one offset per group of a step (g128, block_k 512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,group_size,sym,config", LATE_ZERO_CASES,
+                         ids=["short_groups", "long_groups_split2", "per_channel_split3", "sym",
+                              "stream_k"])
+def test_compiled_late_zero_matches_reference(m, k, n, group_size, sym, config):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=False, seed=m + 1)
+  x = _x(m, k, BF16, seed=m + 2)
+  mw = layout.prepare_mosaic(qw, block_k=config.block_k)
+  y = w4_mosaic.int4_matmul(x, mw, config=dataclasses.replace(config, late_zero=True),
+                            interpret=False)
+  _check(y, x, qw, None)

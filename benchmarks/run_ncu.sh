@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles (stall reasons, issue slots, memory, per-SASS-line samples) of the W4A16
+# decode kernel and the attention backward kernels on the GPU machine:
+#   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_late_m1 w4_late_m16 attn_dkdv attn_dq]
+OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD
+S="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats"
+prof() { name=$1; shift; rx=$1; shift; timeout -k 5 220 $NCU --clock-control none --kernel-name regex:$rx --launch-skip 2 --launch-count 1 $S --import-source no -f --export $OUT/$name python3 benchmarks/ncu_target.py "$@" > $OUT/$name.log 2>&1; echo "$name rc=$?"; tail -3 $OUT/$name.log; $NCU --import $OUT/$name.ncu-rep --page details > $OUT/$name.txt 2>&1; $NCU --import $OUT/$name.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $OUT/$name.sass.csv.gz; grep -E "Duration|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|One or More Eligible" $OUT/$name.txt | head -20; }
+# Profiles by name (default: all four); the device returns at most 8 files, so keep <= 4.
+for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
+  case "$p" in
+    w4_m1) prof w4_m1 w4a16 w4a16 --m 1 ;;
+    w4_m16) prof w4_m16 w4a16 w4a16 --m 16 ;;
+    w4_late_m1) prof w4_late_m1 w4a16 w4a16 --m 1 --late-zero ;;
+    w4_late_m16) prof w4_late_m16 w4a16 w4a16 --m 16 --late-zero ;;
+    attn_dkdv) prof attn_dkdv flash_attention_dkdv attention ;;
+    attn_dq) prof attn_dq flash_attention_dq attention ;;
+    *) echo "unknown profile $p" ;;
+  esac
+done
+rm -f $OUT/*.ncu-rep $OUT/*.log
+ls -la $OUT
