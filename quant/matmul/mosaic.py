@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -290,7 +291,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     if scale_rows(s_ref) == 1:
       g0 = 0                                       # per-channel: one row for all of K
     if st.late_zero:
-      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)], xs_ring.at[slot], bar)
+      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)],
+                              xs_ring.at[slot, pl.ds(0, gps)], bar)
     for w in range(wgs):
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN, step=gt,
                                            g0=g0, gps=gps, span2=span2)
@@ -526,7 +528,7 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
       o_tile,                                                                     # output tiles
       plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
       plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
-      plgpu.SMEM((stages, gps, st.m_pad), jnp.float32) if st.late_zero else None,  # x sums
+      plgpu.SMEM((stages, xs_rows(st), st.m_pad), jnp.float32) if st.late_zero else None,
   )
   if plan is not None:
     from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
@@ -545,6 +547,15 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
       kernel_name="w4a16_mosaic",
   )
   return kernel(*kernel_inputs(xt, qt, scales, zeros, xsum))
+
+
+def xs_rows(st: Statics) -> int:
+  """Rows of a ring slot of x sums: ``groups_per_step`` rounded up so that each slot is a
+  multiple of 128 bytes, the alignment a TMA destination in SMEM needs (one [1, 8] float32 row
+  is 32 bytes: unpadded, slot 1 was misaligned on the H200, CUDA_ERROR_MISALIGNED_ADDRESS)."""
+  row_bytes = 4 * st.m_pad
+  unit = 128 // math.gcd(128, row_bytes)
+  return -(-st.groups_per_step // unit) * unit
 
 
 def kernel_inputs(xt, qt, scales, zeros, xsum) -> tuple:

@@ -126,7 +126,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     g0 = 0 if scale_rows(s_ref) == 1 else (
         gt // rows_per_scale if st.long_groups else gt * gps)
     if st.late_zero:
-      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)], xs_ring.at[slot], bar)
+      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)],
+                              xs_ring.at[slot, pl.ds(0, gps)], bar)
     for w in range(wgs):
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref,
                                            feature0=tile * (BN * wgs) + w * BN, step=gt, g0=g0,

@@ -790,3 +790,12 @@ def test_compiled_late_zero_matches_reference(m, k, n, group_size, sym, config):
   y = w4_mosaic.int4_matmul(x, mw, config=dataclasses.replace(config, late_zero=True),
                             interpret=False)
   _check(y, x, qw, None)
+
+
+@pytest.mark.parametrize("m_pad,gps,rows", [(8, 1, 4), (8, 2, 4), (8, 4, 4), (8, 5, 8), (16, 1, 2),
+                                            (24, 1, 4), (32, 1, 1), (64, 3, 3)])
+def test_x_sum_slots_are_128_byte_aligned(m_pad, gps, rows):
+  st = w4_mosaic.Statics(m_pad=m_pad, steps=1, block_k=512, seg=512 // gps, stages=2, wgs=1,
+                         sym=False, zero=8.0, dtype=BF16, magic_bits=0x4300, magic=128.0)
+  assert st.groups_per_step == gps
+  assert w4_mosaic.xs_rows(st) == rows and rows * m_pad * 4 % 128 == 0
