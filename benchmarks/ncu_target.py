@@ -50,8 +50,15 @@ def _attention(args) -> None:
   q, k, v, do = (jax.random.normal(jax.random.key(i), (b, t, h, d), jnp.bfloat16)
                  for i in range(4))
 
+  from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
+  from pallas_attn.mosaic.config import default_config  # pylint: disable=import-outside-toplevel
+  cfg = dataclasses.replace(default_config(head_dim=d, seq_k=t, masked=args.causal),
+                            **parse_fields(args.fields))
+
   def fwd_bwd(q, k, v, do):
-    out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, causal=args.causal), q, k, v)
+    out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, causal=args.causal,
+                                                       implementation="mosaic", config=cfg),
+                       q, k, v)
     return out, vjp(do)
   f = jax.jit(fwd_bwd)
   for _ in range(args.calls):
@@ -71,6 +78,7 @@ def main() -> int:
   ap.add_argument("--head-dim", type=int, default=128)
   ap.add_argument("--causal", action="store_true")
   ap.add_argument("--late-zero", action="store_true", help="w4a16: MosaicConfig.late_zero")
+  ap.add_argument("--fields", default="", help="attention: Config fields, e.g. bwd_pt_smem=True")
   args = ap.parse_args()
   (_w4a16 if args.target == "w4a16" else _attention)(args)
   return 0

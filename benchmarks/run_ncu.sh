@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles (stall reasons, issue slots, memory, per-SASS-line samples) of the W4A16
 # decode kernel and the attention backward kernels on the GPU machine:
-#   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_late_m1 w4_late_m16 attn_dkdv attn_dq]
+#   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_late_m1 w4_late_m16 attn_dkdv attn_dq
+#                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240]
 OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD
@@ -16,6 +17,10 @@ for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
     w4_late_m16) prof w4_late_m16 w4a16 w4a16 --m 16 --late-zero ;;
     attn_dkdv) prof attn_dkdv flash_attention_dkdv attention ;;
     attn_dq) prof attn_dq flash_attention_dq attention ;;
+    attn_dkdv_pt) prof attn_dkdv_pt flash_attention_dkdv attention --fields bwd_pt_smem=True ;;
+    attn_dkdv_240) prof attn_dkdv_240 flash_attention_dkdv attention --fields bwd_registers=240 ;;
+    attn_dkdv_pt240) prof attn_dkdv_pt240 flash_attention_dkdv attention \
+        --fields bwd_pt_smem=True,bwd_registers=240 ;;
     *) echo "unknown profile $p" ;;
   esac
 done

@@ -92,6 +92,12 @@ def _product(a_ref, b_ref, shape):
   return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
+def producer_registers(st: Statics) -> int:
+  """Registers of the producer warpgroup: what two consumers at ``st.consumer_registers``
+  leave of the 512 a thread-slot of a 384-thread CTA may hold (65536 / 128), at most 40."""
+  return min(40, 512 - 2 * st.consumer_registers)
+
+
 def _split_refs(refs, st: Statics, has_meta: bool):
   """(q, k, v, do, rows, meta | None, q_seg | None, kv_seg | None), then the remaining refs."""
   refs = list(refs)
@@ -131,7 +137,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
   def _consumer():
     # Register reallocation as in the forward: without it each of the 3 x 128 threads gets at most
     # 168 registers, too few for a consumer's fp32 accumulator(s) next to S and dP.
-    plgpu.set_max_registers(232, action="increase")
+    plgpu.set_max_registers(st.consumer_registers, action="increase")
     q_start = tile * (COMPUTE_WGS * bq) + wg * bq
     rows = pl.ds(q_start, bq)
     q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
@@ -239,7 +245,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
-    plgpu.set_max_registers(40, action="decrease")
+    plgpu.set_max_registers(producer_registers(st), action="decrease")
     fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
                        (k_ready, v_ready, seg_ready), batch=batch,
                        kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
@@ -294,7 +300,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
-    plgpu.set_max_registers(232, action="increase")
+    plgpu.set_max_registers(st.consumer_registers, action="increase")
     k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
     keys = pl.ds(k_start, bkv)
     k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
@@ -418,7 +424,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
         pt, delta, t, mask = probs_t(s, i, slot, masked)
-        plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
+        if st.pt_smem:
+          # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
+          # a register operand they stay live until this wgmma retires, across the dS^T maths
+          # (the dK/dV consumer spilled there: benchmarks/NOTES.md, session 9). The previous
+          # step's dV wgmma, the last reader of this tile, was retired before S^T was loaded.
+          pt_smem[...] = pt.astype(k_smem.dtype)
+          plgpu.commit_smem()
+          plgpu.wgmma(dv_acc, pt_smem, do_smem.at[slot])
+        else:
+          plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
         return grad_logits_t(pt, dpt, delta, t, mask)
@@ -469,7 +484,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
-    plgpu.set_max_registers(40, action="decrease")
+    plgpu.set_max_registers(producer_registers(st), action="decrease")
 
     def fetch(step):
       slot = lax.rem(step, stages)
@@ -540,7 +555,8 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
       plgpu.SMEM((8,), jnp.int32) if has_meta else None,
       plgpu.SMEM((COMPUTE_WGS, bkv), jnp.int32) if st.has_segments else None,
       plgpu.SMEM((stages, bq), jnp.int32) if st.has_segments else None,
-      None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED),
+      None if st.registers_pv and not st.pt_smem else plgpu.SMEM((COMPUTE_WGS, bkv, bq), dtype,
+                                                                 transforms=_TILED),  # P^T
       # Fused dQ: dS^T of both consumers, double-buffered, and each consumer's fp32 partial.
       plgpu.SMEM((2, COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED) if fused_dq else None,
       plgpu.SMEM((COMPUTE_WGS, bq, _dq_width(head_dim)), jnp.float32,

@@ -37,6 +37,12 @@ class Config:
       Not with the fused dQ (its rendezvous waits for everything). Interpret mode ignores it
       (the staged form waits every product). H200 (session 8): bitwise equal to the default but
       slower, dK/dV +4-12%, dQ +11-25% (fwd+bwd 0.89 -> 0.79x cuDNN at 4x4096): off.
+    bwd_registers: registers a consumer thread of the backward kernels takes (``setmaxnreg``):
+      232 (producer 40) or 240 (producer 32, FA3's split for two consumer warpgroups). Nsight
+      Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step.
+    bwd_pt_smem: compiled dK/dV kernel: dV += P^T dO takes P^T from shared memory (one 8 KiB
+      store per step and consumer) instead of registers, so its 16 registers a thread are free
+      while dS^T is formed (as a register operand they live until that wgmma retires).
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -98,6 +104,8 @@ class Config:
   bwd_dq_block_kv: int = 64
   bwd_fused_dq: bool = False
   bwd_defer_wait: bool = False
+  bwd_registers: int = 232
+  bwd_pt_smem: bool = False
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True
@@ -118,6 +126,8 @@ class Config:
     for f in ("bwd_block_q", "bwd_block_kv", "bwd_dq_block_kv"):
       if getattr(self, f) not in (64, 128):
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
+    if self.bwd_registers not in (232, 240):
+      raise ValueError(f"Config.bwd_registers must be 232 or 240, got {self.bwd_registers!r}")
     if self.backward not in BACKWARDS:
       raise ValueError(f"Config.backward must be one of {BACKWARDS}, got {self.backward!r}")
     for f in ("num_stages", "bwd_num_stages"):

@@ -125,7 +125,7 @@ def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2
   """Shared memory of a dK/dV CTA: its K/V tiles plus the Q/dO/rows ring (and, with the fused
   dQ, two buffers of both consumers' dS^T and their fp32 dQ partials)."""
   tiles = 2 * kernels.COMPUTE_WGS * st.block_kv * head_dim + 2 * st.num_stages * st.block_q * head_dim
-  if not st.registers_pv:
+  if not st.registers_pv or st.pt_smem:
     tiles += kernels.COMPUTE_WGS * st.block_kv * st.block_q
   extra = 0
   if fused_dq:
@@ -164,7 +164,8 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 has_kv_len=kv_lengths is not None or tk != s, has_segments=q_seg is not None,
                 groups=q.shape[2] // k.shape[2], registers_pv=not interpret,
                 named_free=cfg.named_free and not interpret,
-                defer_wait=cfg.bwd_defer_wait and not interpret)
+                defer_wait=cfg.bwd_defer_wait and not interpret,
+                consumer_registers=cfg.bwd_registers, pt_smem=cfg.bwd_pt_smem and not interpret)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
   while True:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +70,9 @@ from jaxlib.mlir.dialects import arith, llvm
 from jaxtyping import Array, Float
 
 from quant import formats
-from quant.matmul import layout
+from quant.matmul import layout, mosaic_io
+from quant.matmul.mosaic_io import (kernel_inputs, scale_rows, split_refs, weight_boxes, x_sums,
+                                    xs_rows)
 from quant.matmul.config import (MosaicConfig, default_mosaic_config, fit_mosaic_config,
                                  mosaic_m_pad)
 
@@ -146,25 +147,6 @@ class Statics:
     return self.seg // self.block_k if self.long_groups else 1
 
 
-def weight_boxes(qt_ref, s_ref, z_ref, *, feature0, step, g0, gps: int, span2: int):
-  """GMEM views of one warpgroup's TMA boxes at global step ``step``: the codes ``[64, span2]``
-  and the scale / zero rows ``[gps, 64]`` (from group ``g0``) of features ``[feature0,
-  feature0 + 64)``, in either storage of ``layout.MosaicWeight`` (tile-major: 4-D codes, each
-  box one contiguous run of memory)."""
-  if qt_ref.ndim == 4:
-    tile, groups = feature0 // BN, pl.ds(g0, gps)
-    return (qt_ref.at[tile, step], s_ref.at[tile, groups],
-            None if z_ref is None else z_ref.at[tile, groups])
-  rows, groups = pl.ds(feature0, BN), pl.ds(g0, gps)
-  return (qt_ref.at[rows, pl.ds(step * span2, span2)], s_ref.at[groups, rows],
-          None if z_ref is None else z_ref.at[groups, rows])
-
-
-def scale_rows(s_ref) -> int:
-  """``Gp``, the scale rows per feature (1 per-channel), of either storage."""
-  return s_ref.shape[0] if s_ref.ndim == 2 else s_ref.shape[1]
-
-
 def _tiled(span2: int) -> tuple:
   """SMEM transforms of a 16-bit array whose minor dimension is ``span2`` elements: tiles of at
   most 64 elements (128 bytes, the widest swizzle; a 128-element plane is two tiles)."""
@@ -217,15 +199,6 @@ def zero_offset(z_ring, xs_ring, slot, wg, g: int, st: Statics):
     return jnp.float32(st.magic + st.zero) * xs
   z = plgpu.load(z_ring.at[slot, wg, g], (), layout=plgpu.Layout.WGMMA.reduce(1))
   return lax.broadcast_in_dim(z.astype(jnp.float32) + st.magic, (BN, st.m_pad), [0]) * xs
-
-
-def x_sums(xp, *, st: Statics):
-  """x's column sums per piece of ``block_k / groups_per_step`` rows (a group, or a step when
-  a group spans several steps): float32 ``[Kp/piece, m_pad]`` from the padded ``[m_pad, Kp]``
-  x (``Statics.late_zero``)."""
-  piece = st.block_k // st.groups_per_step
-  m_pad, kp = xp.shape
-  return jnp.sum(xp.astype(jnp.float32).reshape(m_pad, kp // piece, piece), axis=-1).T
 
 
 def _and_or(word, mask: int, magic: int):
@@ -549,31 +522,6 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
   return kernel(*kernel_inputs(xt, qt, scales, zeros, xsum))
 
 
-def xs_rows(st: Statics) -> int:
-  """Rows of a ring slot of x sums: ``groups_per_step`` rounded up so that each slot is a
-  multiple of 128 bytes, the alignment a TMA destination in SMEM needs (one [1, 8] float32 row
-  is 32 bytes: unpadded, slot 1 was misaligned on the H200, CUDA_ERROR_MISALIGNED_ADDRESS)."""
-  row_bytes = 4 * st.m_pad
-  unit = 128 // math.gcd(128, row_bytes)
-  return -(-st.groups_per_step // unit) * unit
-
-
-def kernel_inputs(xt, qt, scales, zeros, xsum) -> tuple:
-  """The kernels' GMEM inputs, leaving out the absent ones (zeros when symmetric, x sums unless
-  ``late_zero``); ``split_refs`` names them again inside the kernel."""
-  return tuple(a for a in (xt, qt, scales, zeros, xsum) if a is not None)
-
-
-def split_refs(refs, st: Statics) -> tuple:
-  """``(xt, qt, s, z, xs, o)`` refs of a kernel body from ``kernel_inputs`` + the output (None
-  for the absent ones)."""
-  refs = list(refs)
-  xt_ref, qt_ref, s_ref = refs[:3]
-  z_ref = None if st.sym else refs[3]
-  xs_ref = refs[-2] if st.late_zero else None
-  return xt_ref, qt_ref, s_ref, z_ref, xs_ref, refs[-1]
-
-
 def _body_adapter(*refs, scratch, st: Statics):
   """Names ``plgpu.kernel``'s refs (inputs, output; scratch by keyword) for ``w4a16_kernel``."""
   w4a16_kernel(*split_refs(refs, st), scratch, st=st)
@@ -590,33 +538,6 @@ def check_supported(x, qw) -> None:
                               f"got {x.dtype}")
   if qw.bits > 4:
     raise NotImplementedError(f"mosaic int4_matmul supports bits <= 4, got {qw.bits}")
-
-
-def _check_direct_call(x, mw: layout.MosaicWeight, bias) -> None:
-  """Shape checks for a MosaicWeight (the public API only takes QuantizedWeight)."""
-  k, n = mw.shape
-  if mw.qweight.dtype != jnp.int16:
-    raise TypeError(f"MosaicWeight qweight must be int16 (planar codes), got {mw.qweight.dtype}")
-  kp = layout.mosaic_padded_k(k, mw.group_size, mw.block_k)
-  np_ = -(-n // BN) * BN
-  gp = 1 if mw.group_size >= k else kp // mw.group_size
-  span2 = mw.block_k // PLANES
-  if mw.tile_major:
-    codes_shape = (np_ // BN, kp // mw.block_k, BN, span2)
-    rows_shape = (np_ // BN, gp, BN)
-  else:
-    codes_shape, rows_shape = (np_, kp // PLANES), (gp, np_)
-  if mw.qweight.shape != codes_shape:
-    raise ValueError(f"MosaicWeight qweight shape {mw.qweight.shape} does not match shape "
-                     f"{mw.shape} with block_k={mw.block_k} (expected {codes_shape})")
-  if mw.scales.shape != rows_shape:
-    raise ValueError(f"MosaicWeight scales shape {mw.scales.shape}, expected {rows_shape}")
-  if mw.zeros is not None and mw.zeros.shape != rows_shape:
-    raise ValueError(f"MosaicWeight zeros shape {mw.zeros.shape}, expected {rows_shape}")
-  if not hasattr(x, "ndim") or x.ndim < 1 or x.shape[-1] != k:
-    raise ValueError(f"x must be [..., K={k}], got shape {getattr(x, 'shape', type(x))}")
-  if bias is not None and getattr(bias, "shape", None) != (n,):
-    raise ValueError(f"bias must have shape {(n,)}, got {getattr(bias, 'shape', type(bias))}")
 
 
 def resolve_config(config, *, m: int, k: int, n: int, group_size: int,
@@ -658,7 +579,7 @@ def int4_matmul(x: Float[Array, "... K"],
   """
   prepared = isinstance(qw, layout.MosaicWeight)
   if prepared:
-    _check_direct_call(x, qw, bias)
+    mosaic_io.check_prepared(x, qw, bias)
   else:
     formats.check_k(qw.shape[0], qw.group_size, qw.bits)
   check_supported(x, qw)

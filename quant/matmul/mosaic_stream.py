@@ -46,8 +46,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
-from quant.matmul.mosaic import (BN, PLANES, Statics, _codes, scale_rows, split_refs,
-                                 weight_boxes, zero_offset)
+from quant.matmul.mosaic import BN, PLANES, Statics, _codes, zero_offset
+from quant.matmul.mosaic_io import scale_rows, split_refs, weight_boxes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,8 @@ from pallas_attn.mosaic.config import padded_head_dim
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 96), ("num_stages", 1),
-                                         ("num_stages", 5)])
+                                         ("num_stages", 5), ("bwd_registers", 248),
+                                         ("bwd_registers", 224)])
 def test_config_rejects_bad_values(field, value):
   with pytest.raises(ValueError, match=field):
     Config(**{field: value})
@@ -152,7 +153,10 @@ BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128,
                "fused_dq": Config(bwd_fused_dq=True), "named_free": Config(named_free=True),
                "fused_named": Config(bwd_fused_dq=True, named_free=True),
                "defer_wait": Config(bwd_defer_wait=True),
-               "defer_named": Config(bwd_defer_wait=True, named_free=True)}
+               "defer_named": Config(bwd_defer_wait=True, named_free=True),
+               "regs240": Config(bwd_registers=240),
+               "pt_smem": Config(bwd_pt_smem=True),
+               "pt_smem_regs240": Config(bwd_pt_smem=True, bwd_registers=240, named_free=True)}
 
 
 @pytest.mark.parametrize("cfg_name", list(BWD_CONFIGS))
@@ -179,6 +183,9 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
   assert fused == (BWD_CONFIGS[cfg_name].bwd_fused_dq and padded_head_dim(h) in (64, 128))
   assert st_dq.named_free == st_dkdv.named_free == BWD_CONFIGS[cfg_name].named_free
   assert st_dq.defer_wait == st_dkdv.defer_wait == BWD_CONFIGS[cfg_name].bwd_defer_wait
+  assert st_dq.consumer_registers == st_dkdv.consumer_registers == BWD_CONFIGS[cfg_name].bwd_registers
+  assert st_dkdv.pt_smem == BWD_CONFIGS[cfg_name].bwd_pt_smem
+  assert ops.backward_smem_bytes(st=st_dkdv, head_dim=padded_head_dim(h)) <= ops.SMEM_LIMIT_BYTES
   bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
                           interpret=False, fused_dq=fused)
   # The D pre-pass is a Pallas Triton kernel: its lowering needs a (here abstract) H200.
