@@ -20,6 +20,8 @@ checked -- only the base variant's error is:
   two_ops   the dequant's and/or as two MLIR ops (what ran before session 9), checked
   late / late_stream264 / late_stream132: ``MosaicConfig.late_zero`` (no packed subtract),
             checked
+  bk256 / bk256_s6 / bk256_n128: weights laid out for 256-row steps (fewer live registers,
+            more CTAs per SM), checked
   tile / no_mma_tile / tile_direct / no_mma_tile_direct / tile_stream264 / no_mma_direct: the
             weight in tile-major storage (``prepare_mosaic(..., tile_major=True)``: each TMA box
             one contiguous run of memory instead of 64 rows of block_k/2 bytes Kp/2 apart), and
@@ -123,6 +125,11 @@ VARIANTS = (  # name, patch, config overrides
     ("two_ops", "two_ops", {}), ("late", "base", dict(late_zero=True)),
     ("late_stream264", "base", dict(late_zero=True, stream_ctas=264)),
     ("late_stream132", "base", dict(late_zero=True, stream_ctas=132)),
+    # With one lop3, are more CTAs per SM worth it? 256-row steps halve the live planes
+    # (200 -> ~120 registers a thread: 3-4 CTAs per SM instead of 2).
+    ("bk256", "base", dict(layout_block_k=256, num_stages=4)),
+    ("bk256_s6", "base", dict(layout_block_k=256, num_stages=6)),
+    ("bk256_n128", "base", dict(layout_block_k=256, num_stages=4, block_n=128)),
 )
 
 
@@ -180,8 +187,11 @@ def main() -> int:
         continue
       over = dict(over)
       weights = mws
-      if over.pop("tile_major", False):
-        weights = [layout.prepare_mosaic(q, block_k=mws[0].block_k, tile_major=True) for q in qws]
+      tile_major, layout_bk = over.pop("tile_major", False), over.pop("layout_block_k", None)
+      if tile_major or layout_bk:
+        bk = layout_bk or mws[0].block_k
+        weights = [layout.prepare_mosaic(q, block_k=bk, tile_major=tile_major) for q in qws]
+        over["block_k"] = bk
       cfg = dataclasses.replace(base_cfg, **over)
       saved = _apply(patch)
       entry = {}
