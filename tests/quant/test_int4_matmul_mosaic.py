@@ -271,6 +271,13 @@ def test_prepare_rejects_untileable_groups():
 # The compiled form, lowered for an H200 on a CPU host; compiled runs (GPU only)
 # ----------------------------------------------------------------------------------------------
 
+def _lowered_text(x, mw, config) -> str:
+  """StableHLO text of the compiled (``interpret=False``) call lowered for an H200 on the host."""
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
+  with _h200():
+    return jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def _abstract_weight(k, n, *, group_size, sym, act_order):
   gs = k if group_size == -1 else group_size
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
@@ -589,9 +596,7 @@ def test_stream_k_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, config
   qw = _abstract_weight(k, n, group_size=group_size, sym=sym, act_order=False)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=config.block_k), qw)
   x = jax.ShapeDtypeStruct((m, k), BF16)
-  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
-  with _h200():
-    text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+  text = _lowered_text(x, mw, config)
   assert "w4a16_mosaic_stream" in text
 
 
@@ -683,9 +688,7 @@ def test_tile_major_lowers_to_mosaic_gpu_for_h200(m, config):
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=512, tile_major=True), qw)
   assert mw.qweight.shape == (448, 16, 64, 128)
   x = jax.ShapeDtypeStruct((m, 8192), BF16)
-  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
-  with _h200():
-    text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+  text = _lowered_text(x, mw, config)
   assert "mosaic_gpu" in text
 
 
@@ -770,9 +773,7 @@ def test_late_zero_lowers_without_the_packed_subtract(monkeypatch, m, sym, confi
   if config.stream_ctas:
     from quant.matmul import mosaic_stream
     monkeypatch.setattr(mosaic_stream, "zero_offset", w4_mosaic.zero_offset)
-  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=config, interpret=False)
-  with _h200():
-    text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
+  text = _lowered_text(x, mw, config)
   assert "mosaic_gpu" in text
   assert len(offsets) == 4                   # one offset per group of a step (g128, block_k 512)
 
