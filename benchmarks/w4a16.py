@@ -83,7 +83,10 @@ def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicC
   # slower, so it is no longer swept: benchmarks/NOTES.md, session 5).
   # Session 6: ``pipeline`` (one step of wgmmas in flight) was 7-60% slower everywhere, so only
   # one such candidate is kept, last but one; 256-row steps won at 8192 x 8192.
-  cands = [rep(base, block_k=256), rep(base, num_stages=2), rep(base, num_stages=3),
+  # Session 9: stream-K (2 and 1 persistent CTAs per SM) first, measured -4..-6% on the 28672
+  # shapes in session 8.
+  cands = [rep(base, stream_ctas=264), rep(base, stream_ctas=132),
+           rep(base, block_k=256), rep(base, num_stages=2), rep(base, num_stages=3),
            rep(base, block_k=256, num_stages=6), rep(base, registers_a=False),
            rep(base, block_n=64, num_stages=4), rep(base, block_n=256, num_stages=2),
            rep(base, split_k=base.split_k * 2), rep(base, split_k=max(1, base.split_k // 2)),
