@@ -2,7 +2,7 @@
 # Nsight Compute profiles (stall reasons, issue slots, memory, per-SASS-line samples) of the W4A16
 # decode kernel and the attention backward kernels on the GPU machine:
 #   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_late_m1 w4_late_m16 attn_dkdv attn_dq
-#                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240]
+#                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240 attn_fwd_h64 attn_fwd_h256]
 OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD
@@ -17,6 +17,8 @@ for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
     w4_late_m16) prof w4_late_m16 w4a16 w4a16 --m 16 --late-zero ;;
     attn_dkdv) prof attn_dkdv flash_attention_dkdv attention ;;
     attn_dq) prof attn_dq flash_attention_dq attention ;;
+    attn_fwd_h64) prof attn_fwd_h64 flash_attention_fwd attention --heads 32 --head-dim 64 ;;
+    attn_fwd_h256) prof attn_fwd_h256 flash_attention_fwd attention --heads 8 --head-dim 256 ;;
     attn_dkdv_pt) prof attn_dkdv_pt flash_attention_dkdv attention --fields bwd_pt_smem=True ;;
     attn_dkdv_240) prof attn_dkdv_240 flash_attention_dkdv attention --fields bwd_registers=240 ;;
     attn_dkdv_pt240) prof attn_dkdv_pt240 flash_attention_dkdv attention \
