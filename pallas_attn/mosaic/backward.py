@@ -92,10 +92,18 @@ def _product(a_ref, b_ref, shape):
   return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
+# Registers a thread of a 384-thread CTA is launched with (65536 / 384, rounded down to 8). The
+# warpgroups' ``setmaxnreg`` only move registers inside this pool, and an increase blocks until
+# the pool can give them, so 2 * consumer + producer must stay <= 3 * 168 = 504.
+LAUNCH_REGISTERS = 168
+
+
 def producer_registers(st: Statics) -> int:
   """Registers of the producer warpgroup: what two consumers at ``st.consumer_registers``
-  leave of the 512 a thread-slot of a 384-thread CTA may hold (65536 / 128), at most 40."""
-  return min(40, 512 - 2 * st.consumer_registers)
+  leave of the launch pool (40 at 232, 24 at 240, FA3's split), at most 40. (A first version
+  counted 512 a thread-slot: at 240 it gave the producer 32, the consumers' increase could never
+  be granted, and the kernel hung on the H200, session 9.)"""
+  return min(40, 3 * LAUNCH_REGISTERS - 2 * st.consumer_registers)
 
 
 def _split_refs(refs, st: Statics, has_meta: bool):

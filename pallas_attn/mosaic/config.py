@@ -38,11 +38,16 @@ class Config:
       (the staged form waits every product). H200 (session 8): bitwise equal to the default but
       slower, dK/dV +4-12%, dQ +11-25% (fwd+bwd 0.89 -> 0.79x cuDNN at 4x4096): off.
     bwd_registers: registers a consumer thread of the backward kernels takes (``setmaxnreg``):
-      232 (producer 40) or 240 (producer 32, FA3's split for two consumer warpgroups). Nsight
-      Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step.
+      232 (producer 40) or 240 (producer 24, FA3's split for two consumer warpgroups). Nsight
+      Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step. 240 has not
+      run compiled with the producer at 24 (its first form, producer at 32, asked for more
+      registers than the launch holds and hung), so it stays opt-in.
     bwd_pt_smem: compiled dK/dV kernel: dV += P^T dO takes P^T from shared memory (one 8 KiB
       store per step and consumer) instead of registers, so its 16 registers a thread are free
-      while dS^T is formed (as a register operand they live until that wgmma retires).
+      while dS^T is formed (as a register operand they live until that wgmma retires). H200
+      (session 9): spill requests 29.7 M -> 21.1 M at 4x4096x16x128, but the kernel is slower
+      (1.69 -> 1.75 ms under Nsight Compute; fwd+bwd 1.0563 -> 1.0625 ms at 16x1024x16x128):
+      off.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).

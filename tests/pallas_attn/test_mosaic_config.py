@@ -411,3 +411,17 @@ def test_persistent_launch_with_256_key_blocks_runs_the_grid_when_compiled(inter
       traced.lower(lowering_platforms=("cuda",))
     assert launched and launched[-1].persistent == expect, (block_kv, interpret)
 
+
+
+@pytest.mark.parametrize("consumer", [232, 240])
+def test_backward_register_split_fits_the_launch_pool(consumer):
+  """setmaxnreg moves registers inside the launch allocation (168 a thread at 384 threads): an
+  increase that the pool cannot grant blocks forever, so 2 consumers + the producer must fit."""
+  from pallas_attn.mosaic import backward
+  st = ops._backward_statics(jnp.zeros((1, 128, 2, 128), jnp.bfloat16),
+                             jnp.zeros((1, 128, 2, 128), jnp.bfloat16), None, None,
+                             causal=False, scale=1.0, window=None, softcap=None,
+                             cfg=Config(bwd_registers=consumer), interpret=False)[1]
+  producer = backward.producer_registers(st)
+  assert producer % 8 == 0 and producer >= 24
+  assert 2 * consumer + producer <= 3 * backward.LAUNCH_REGISTERS == 3 * (65536 // 384 // 8 * 8)
