@@ -226,6 +226,21 @@ def tile_rows(rows: Float[Array, "Gp Np"]) -> Float[Array, "T Gp 64"]:
   return rows.reshape(gp, np_ // TILE_N, TILE_N).transpose(1, 0, 2)
 
 
+def untile_codes(codes: Int[Array, "T S 64 span2"]) -> Int[Array, "Np Kp4"]:
+  """Inverse of ``tile_codes``; the identity on row-major (2-D) codes."""
+  if codes.ndim == 2:
+    return codes
+  tiles, steps, rows, span2 = codes.shape
+  return codes.transpose(0, 2, 1, 3).reshape(tiles * rows, steps * span2)
+
+
+def untile_rows(rows: Float[Array, "T Gp 64"]) -> Float[Array, "Gp Np"]:
+  """Inverse of ``tile_rows``; the identity on row-major (2-D) rows."""
+  if rows.ndim == 2:
+    return rows
+  return rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)
+
+
 def code_dims(qweight: Int[Array, "..."]) -> tuple[int, int]:
   """``(Np, Kp)`` of planar codes in either storage (2-D row-major, 4-D tile-major)."""
   if qweight.ndim == 4:
@@ -238,21 +253,16 @@ def to_row_major(mw: MosaicWeight) -> MosaicWeight:
   """A tile-major ``MosaicWeight`` in the row-major storage (the identity on a row-major one)."""
   if not mw.tile_major:
     return mw
-  untile = lambda a: a.transpose(1, 0, 2).reshape(a.shape[1], -1)
-  np_, kp = code_dims(mw.qweight)
   return dataclasses.replace(
-      mw, qweight=mw.qweight.transpose(0, 2, 1, 3).reshape(np_, kp // PLANES),
-      scales=untile(mw.scales), zeros=None if mw.zeros is None else untile(mw.zeros),
-      tile_major=False)
+      mw, qweight=untile_codes(mw.qweight), scales=untile_rows(mw.scales),
+      zeros=None if mw.zeros is None else untile_rows(mw.zeros), tile_major=False)
 
 
 def unpack_mosaic(qweight: Int[Array, "..."], block_k: int) -> Int[Array, "Np Kp"]:
   """Inverse of ``prepare_mosaic``'s packing: int16 ``[Np, Kp/4]`` (or its tile-major form)
   -> int32 codes ``[Np, Kp]`` (``W^T`` in stored row order, padding included)."""
   np_, kp = code_dims(qweight)
-  if qweight.ndim == 4:                                              # tile-major storage
-    qweight = qweight.transpose(0, 2, 1, 3).reshape(np_, kp // PLANES)
-  u = jax.lax.bitcast_convert_type(qweight, jnp.uint16)
+  u = jax.lax.bitcast_convert_type(untile_codes(qweight), jnp.uint16)
   shifts = jnp.arange(PLANES, dtype=jnp.uint16) * 4
   fields = (u[..., None] >> shifts) & jnp.uint16(0xF)                 # [Np, Kp/4, planes]
   fields = fields.reshape(np_, kp // block_k, block_k // PLANES, PLANES).transpose(0, 1, 3, 2)

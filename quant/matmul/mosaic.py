@@ -230,7 +230,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
 
   Refs (GMEM): xt ``[Kp/span2, m_pad, span2]`` (x in planes; with ``st.direct_x`` x itself,
   ``[M, K]``), qt int16 ``[Np, Kp/4]`` (planar codes, ``layout.MosaicWeight``), s ``[Gp, Np]``,
-  z ``[Gp, Np]`` bf16 or None, xs float32 ``[Kp/piece, m_pad]`` (``st.late_zero`` only: x's
+  z ``[Gp, Np]`` bf16 or None (tile-major storage: qt ``[Np/64, Kp/block_k, 64, span2]``, s and
+  z ``[Np/64, Gp, 64]``; ``mosaic_io.weight_boxes`` reads either), xs float32 ``[Kp/piece, m_pad]`` (``st.late_zero`` only: x's
   column sums over each group's piece of a step, see ``x_sums``), o float32 ``[split_k, Np,
   m_pad]`` (with ``st.direct_out``: y itself, ``[M, N]`` in x's dtype). Scratch: the TMA ring
   (codes, x, scales, zeros, x sums), two dequantized planes (``registers_a=False`` only) and an
@@ -642,9 +643,8 @@ def _fused_fwd(x, qweight, scales, zeros, bias, static: _Static):
 def _fused_bwd(static: _Static, res, dy):
   """dx = dy @ W^T with W unpacked from the planar codes by XLA (no gradient for the weight)."""
   qweight, scales, zeros, bias = res
-  if qweight.ndim == 4:                          # tile-major storage -> [Gp, Np] rows
-    scales = scales.transpose(1, 0, 2).reshape(scales.shape[1], -1)
-    zeros = None if zeros is None else zeros.transpose(1, 0, 2).reshape(zeros.shape[1], -1)
+  scales = layout.untile_rows(scales)            # [Gp, Np] in either storage
+  zeros = None if zeros is None else layout.untile_rows(zeros)
   kp = layout.code_dims(qweight)[1]
   codes = layout.unpack_mosaic(qweight, static.cfg.block_k).astype(jnp.float32)  # W^T, stored
   rows = jnp.arange(kp) // static.group_size if scales.shape[0] > 1 else jnp.zeros(kp, jnp.int32)
