@@ -81,7 +81,7 @@ class Statics:
   atomic_counter: bool = False  # dynamic: the counter's fetch-add (compiled); else round-robin
   defer_wait: bool = False      # backward (compiled): a step's last wgmma is waited in the next
   consumer_registers: int = 232  # backward: registers a consumer thread takes (setmaxnreg); the
-                                 # producer gets what is left (40 at 232, 32 at 240)
+                                 # producer gets what is left (40 at 232, 24 at 240)
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
 
   @property
