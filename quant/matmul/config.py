@@ -175,6 +175,7 @@ MOSAIC_BLOCK_K = mosaic_layout.BLOCK_K
 MOSAIC_PLANES = mosaic_layout.PLANES
 MOSAIC_MAX_M = 64                  # beyond this the decode kernel is the wrong tool (falls back)
 SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
+SM_SMEM_BYTES = 228 * 1024         # shared memory of one SM (all its resident CTAs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +206,9 @@ class MosaicConfig:
   columns >= K zero-filled) and, with one K split and no bias, writes y ``[M, N]`` in x's
   dtype, instead of XLA padding / plane-transposing x before the launch and slicing /
   transposing / casting the float32 partials after it (two small kernels).
-  ``stream_ctas`` (0 = off; H200, session 8: -4% at 1x8192x28672 with 264, -6% at M=16 with
-  132, +15% at 8192x8192, so not a default yet): launch that many persistent
+  ``stream_ctas`` (0 = off; H200, sessions 8 and 10: -3..-4% at 1x8192x28672 with 264, -6..-7%
+  at M=16 with 132, +15..17% at 8192x8192, so ``default_mosaic_config`` turns it on only for
+  many tiles and no K split): launch that many persistent
   CTAs (e.g. 2 per SM) that share the ``tiles x K-steps`` work units equally, one TMA ring
   across tile boundaries, partial sums per K segment added by XLA (``mosaic_stream.py``);
   replaces ``split_k`` and the one-CTA-per-(tile, split) grid; ``pipeline``, ``fold_zero``
@@ -319,7 +321,9 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   weight's bytes per 64 features). Decode streams the weight once, so the grid should hold about
   two warpgroups per SM: ``split_k`` doubles while there are fewer than ``2 * num_sms``
   64-feature tiles and each split keeps at least 1024 rows of K (partial sums are reduced by
-  XLA).
+  XLA). Without a K split and with more 64/128-feature tiles than one wave of CTAs holds (M <=
+  16), the stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces
+  the grid.
   """
   per_channel = group_size >= k
   bk = mosaic_layout.default_block_k(k, n, group_size)
@@ -341,4 +345,15 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
     except NotImplementedError:
       break
     split *= 2
-  return dataclasses.replace(cfg, split_k=split)
+  cfg = dataclasses.replace(cfg, split_k=split)
+  # Stream-K (mosaic_stream.py) where the grid would run more than one wave of CTAs without a K
+  # split: the last partial wave leaves SMs idle, while stream-K CTAs share the tiles x steps
+  # work units equally. H200, g128 (results/w4a16/2026-12-03_s10_probe.json, s8 likewise):
+  # 1x8192x28672 (448 tiles, 264 CTAs) -3%, 16x8192x28672 (224 tiles of 128, 132 CTAs) -7%;
+  # where the grid already splits K to fill the SMs (8192x8192) it was 17% slower, and M > 16
+  # was not measured, so those keep the grid.
+  per_sm = max(1, min(2, SM_SMEM_BYTES // mosaic_smem_bytes(cfg, m=m, asym=asym)))
+  ctas = per_sm * num_sms
+  if split == 1 and mosaic_m_pad(m) <= 16 and -(-n // cfg.block_n) > ctas:
+    cfg = dataclasses.replace(cfg, stream_ctas=ctas)
+  return cfg

@@ -189,6 +189,22 @@ def test_default_config_is_valid(group_size):
   assert cfg.block_n == 64                             # 3 tiles of 64: no 128-row CTA fits
 
 
+@pytest.mark.parametrize("m,k,n,stream_ctas", [
+    (1, 8192, 28672, 264),     # 448 tiles of 64, two CTAs per SM: more than one wave
+    (16, 8192, 28672, 132),    # 224 tiles of 128, one CTA per SM (SMEM)
+    (1, 8192, 8192, 0),        # the grid splits K to fill the SMs
+    (1, 28672, 8192, 0),
+    (64, 8192, 28672, 0),      # not measured above M = 16
+    (1, 4096, 11008, 0)])      # 172 tiles: one wave
+def test_default_config_stream_k(m, k, n, stream_ctas):
+  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128)
+  assert cfg.stream_ctas == stream_ctas
+  if stream_ctas:
+    assert cfg.split_k == 1
+    per_sm = stream_ctas // 132
+    assert per_sm * mosaic_smem_bytes(cfg, m=m, asym=True) <= 228 * 1024
+
+
 def test_fit_lowers_stages_to_fit_smem():
   cfg = fit_mosaic_config(MosaicConfig(block_k=512, num_stages=8), m=64, k=4096, group_size=128)
   assert cfg.num_stages < 8 and mosaic_smem_bytes(cfg, m=64, asym=True) <= SMEM_BYTES
