@@ -203,6 +203,12 @@ def measure_peers(p: Problem, m: int, *, iters: int) -> dict[str, Any]:
   x = _x(m, p.k)
   peers = (("xla_bf16", lambda x, w: x @ w, p.dense),
            ("xla_int4", lambda x, qw: x @ quant.dequantize(qw, dtype=x.dtype), p.qws))
+  if m >= 64:
+    # A candidate large-M path, not a peer: the weight dequantized to bf16 in HBM by one XLA
+    # kernel (the barrier keeps XLA from fusing the unpack into the dot's operand loads, which
+    # is what makes "xla_int4" slow), then XLA's bf16 GEMM.
+    peers += (("xla_dequant_then_dot", lambda x, qw: x @ jax.lax.optimization_barrier(
+        quant.dequantize(qw, dtype=x.dtype)), p.qws),)
   for name, fn, ws in peers:
     try:
       t = _time(_rotated(fn, p.copies), x, ws, iters)
