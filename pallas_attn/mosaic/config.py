@@ -99,6 +99,13 @@ class Config:
       (batch slowest, heaviest rank first, head fastest) for L2 reuse; on the H200 that made
       causal forwards 6-18% faster than the grid at T = 1024 / 4096 (benchmarks/NOTES.md,
       session 7), so ``default_config`` turns it on for masked calls up to 4096 keys.
+    consumers: forward consumer warpgroups per CTA, 2 (default) or 3: a CTA then holds
+      ``3 * block_q`` query rows (FA3's 192-row tile at head dim 64), so every K/V block that
+      crosses the ring feeds 50% more matmul, and the three take turns on the tensor cores
+      (named barriers in a ring). Registers per thread 160 (consumers) / 32 (producer) instead
+      of 232 / 40: S, P and O of a 64-row tile must fit in 160, so 128-key blocks at most at
+      head dim 64. Not with ``overlap`` or ``persistent`` (the grid runs). The backward keeps
+      two. Not yet measured on the H200.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -122,6 +129,7 @@ class Config:
   computed_ranges: bool = True
   persistent: bool = False
   dynamic_schedule: bool = False
+  consumers: int = 2
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
@@ -131,6 +139,8 @@ class Config:
     for f in ("bwd_block_q", "bwd_block_kv", "bwd_dq_block_kv"):
       if getattr(self, f) not in (64, 128):
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
+    if self.consumers not in (2, 3):
+      raise ValueError(f"Config.consumers must be 2 or 3, got {self.consumers!r}")
     if self.bwd_registers not in (232, 240):
       raise ValueError(f"Config.bwd_registers must be 232 or 240, got {self.bwd_registers!r}")
     if self.backward not in BACKWARDS:

@@ -47,7 +47,21 @@ SCHEDULE_BAR = 4
 FREE_BAR = 6             # named_free: hardware barriers 6 .. 6 + 2 * num_stages - 1 (K, then V)
 LN2 = math.log(2.0)
 COMPUTE_WGS = 2          # consumer warpgroups per CTA; warpgroup COMPUTE_WGS is the producer
-FREE_THREADS = (COMPUTE_WGS + 1) * WG_THREADS   # named_free: consumers arrive, the producer syncs
+# setmaxnreg split of the forward per number of consumers: (consumer, producer) registers a
+# thread. The launch gives every thread 65536 / threads (168 with 3 warpgroups, 128 with 4,
+# rounded down to 8), and the split must stay within that pool: 2 x 232 + 40 = 3 x 168;
+# 3 x 160 + 32 = 4 x 128 (FA3's split for three consumer warpgroups).
+FWD_REGISTERS = {2: (232, 40), 3: (160, 32)}
+
+
+def schedule_bar(consumers: int) -> int:
+  """First hardware barrier of the forward's ping-pong (after Mosaic's 1 + warpgroups)."""
+  return max(SCHEDULE_BAR, consumers + 2)
+
+
+def free_bar(consumers: int) -> int:
+  """First hardware barrier of ``named_free`` (after the ping-pong's, one per consumer)."""
+  return max(FREE_BAR, schedule_bar(consumers) + consumers)
 META_LEN = 8             # per-tile int32 metadata: lo, lo_full, hi_full, hi, kv_len, 0, 0, 0
 
 
@@ -83,6 +97,7 @@ class Statics:
   consumer_registers: int = 232  # backward: registers a consumer thread takes (setmaxnreg); the
                                  # producer gets what is left (40 at 232, 24 at 240)
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
+  consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
 
   @property
   def any_mask(self) -> bool:
@@ -147,7 +162,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
    tile_free) = bars
   wg = lax.axis_index("wg")
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
-  n_tiles = q_ref.shape[1] // (COMPUTE_WGS * bq)
+  nc = st.consumers                    # consumer warpgroups; warpgroup nc is the producer
+  n_tiles = q_ref.shape[1] // (nc * bq)
   num_heads = q_ref.shape[2]
 
   def heavy_first(tile):
@@ -218,25 +234,34 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     if st.computed_ranges:
       return computed_tile_ranges(tile, st)
     return tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg, batch=batch, tile=tile,
-                       full=st.num_kv_blocks)
+                       full=st.num_kv_blocks, producer=nc)
 
   def schedule_barrier():
     plgpu.barrier_arrive(turns)
     plgpu.barrier_wait(turns)
 
-  # The two consumers' turns on the tensor cores. ``turn_end`` after issuing Q K^T, ``turn_begin``
-  # before issuing P V. Named hardware barriers (FA3 Section 3.1): a consumer signals the other's
-  # barrier (``bar.arrive``, non-blocking) and waits on its own (``bar.sync``), so neither waits
-  # for the other to reach the same point; the mbarrier fallback is a symmetric rendezvous.
-  # ``turn_begin(wait_v)`` also waits for the V block (``wait_v``) before the turn starts.
+  # The consumers' turns on the tensor cores. ``turn_end`` after issuing Q K^T, ``turn_begin``
+  # before issuing P V. Named hardware barriers (FA3 Section 3.1): a consumer signals the next
+  # one's barrier (``bar.arrive``, non-blocking; consumer nc - 1 signals consumer 0) and waits
+  # on its own (``bar.sync``), so none waits for another to reach the same point; the mbarrier
+  # fallback is a symmetric rendezvous of two. ``turn_begin(wait_v)`` also waits for the V block
+  # (``wait_v``) before the turn starts. Consumers 1 .. nc - 1 start one turn late (each waits
+  # for the one before it), and consumers 0 .. nc - 2 end with one signal more than they
+  # wait, so every barrier sees as many arrives as syncs.
+  sched = schedule_bar(nc)
   if st.named_barriers and not st.overlap:
-    turn_end = lambda: named_barrier("arrive", SCHEDULE_BAR + 1 - wg, 2 * WG_THREADS)
-    sync = lambda: named_barrier("sync", SCHEDULE_BAR + wg, 2 * WG_THREADS)
+    turn_end = lambda: named_barrier("arrive", sched + lax.rem(wg + 1, nc), 2 * WG_THREADS)
+    sync = lambda: named_barrier("sync", sched + wg, 2 * WG_THREADS)
 
     def turn_begin(wait_v):
       wait_v()
       sync()
     first_turn_wait, last_turn_signal = sync, turn_end
+  elif nc != 2:
+    # No ping-pong (interpret mode, or named_barriers off, with three consumers): the turns
+    # only order the tensor-core work, the results do not depend on them.
+    turn_end = first_turn_wait = last_turn_signal = lambda: None
+    turn_begin = lambda wait_v: wait_v()
   else:
     turn_end = schedule_barrier
 
@@ -249,16 +274,18 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
   (release_k, release_v), (wait_k_free, wait_v_free) = slot_releases((k_free, v_free), st)
 
-  @pl.when(wg < COMPUTE_WGS)
+  consumer_regs, producer_regs = FWD_REGISTERS[nc]
+
+  @pl.when(wg < nc)
   def _consumer():
-    plgpu.set_max_registers(232, action="increase")
+    plgpu.set_max_registers(consumer_regs, action="increase")
     q_smem = q_smem2.at[wg]
     # Without persistence O is staged in Q's buffer (Q is dead by then; saves SMEM at H=256).
     o_smem = q_smem if o_smem2 is None else o_smem2.at[wg]
 
     def load_q(flat):
       batch, head, tile = coords(flat)
-      q_start = tile * (COMPUTE_WGS * bq) + wg * bq
+      q_start = tile * (nc * bq) + wg * bq
       plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_start, bq), head], q_smem, q_ready.at[wg])
     load_q(cta)
 
@@ -267,12 +294,12 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       consumed before it (ring position). Returns the new base and the next tile's number."""
       batch, head, tile = coords(flat)
       lo, lo_full, hi_full, hi, kv_len = ranges(batch, tile)
-      q_start = tile * (COMPUTE_WGS * bq) + wg * bq
+      q_start = tile * (nc * bq) + wg * bq
       q_seg = None
       if st.has_segments:
         plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, pl.ds(q_start, bq)], qseg_smem2.at[wg],
-                                q_ready.at[COMPUTE_WGS + wg])
-        plgpu.barrier_wait(q_ready.at[COMPUTE_WGS + wg])
+                                q_ready.at[nc + wg])
+        plgpu.barrier_wait(q_ready.at[nc + wg])
         q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_wait(q_ready.at[wg])
       slot_of = lambda j: lax.rem(base + j - lo, stages)
@@ -282,8 +309,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
                               plgpu.Layout.WGMMA)
       carry = (acc, row - jnp.inf, row)
 
-      # Consumer 1 starts one turn late: from then on the two alternate on the tensor cores.
-      pl.when(wg == 1)(first_turn_wait)
+      # Consumer w > 0 starts one turn after consumer w - 1: from then on they take turns on
+      # the tensor cores.
+      pl.when(wg > 0)(first_turn_wait)
       if early_k_wait:
         # The first K block; each later one is waited inside the previous step's P V scope.
         @pl.when(hi > lo)
@@ -380,8 +408,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         pl.when(has_next)(lambda: load_q(nxt))
         # The previous tile's O / lse stores must have read their buffers before we refill them.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      # Keep the schedule balanced: consumer 0 takes the turn consumer 1 skipped at the start.
-      pl.when(wg == 0)(last_turn_signal)
+      # Keep the schedule balanced: each consumer but the last signals the next one once more
+      # (the turn that one skipped at the start).
+      pl.when(wg < nc - 1)(last_turn_signal)
 
       seen = l > 0
       l_safe = jnp.where(seen, l, 1.0)
@@ -396,9 +425,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     tile_loop(tile_body)
     plgpu.wait_smem_to_gmem(0)
 
-  @pl.when(wg == COMPUTE_WGS)
+  @pl.when(wg == nc)
   def _producer():
-    plgpu.set_max_registers(40, action="decrease")
+    plgpu.set_max_registers(producer_regs, action="decrease")
 
     def fetcher(flat):
       batch, head, tile = coords(flat)
@@ -458,14 +487,15 @@ def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
   return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
 
 
-def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int):
+def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int,
+                producer: int = COMPUTE_WGS):
   """(lo, lo_full, hi_full, hi, kv_len) of this CTA: blocks [lo, hi) are visited, those in
   [lo_full, hi_full) need no mask. From the CTA's int32 record (the producer TMA-loads it into
   SMEM), or the whole span [0, full) with no kv_len when nothing is masked (``meta_ref`` None)."""
   if meta_ref is None:
     return jnp.int32(0), jnp.int32(0), jnp.int32(full), jnp.int32(full), None
 
-  @pl.when(wg == COMPUTE_WGS)
+  @pl.when(wg == producer)
   def _():
     plgpu.copy_gmem_to_smem(meta_ref.at[batch, tile], meta_smem, meta_ready.at[0])
   plgpu.barrier_wait(meta_ready.at[0])
@@ -475,8 +505,8 @@ def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int):
 def computed_tile_ranges(tile, st: Statics):
   """``tile_ranges`` for position-only masks, from the CTA's query tile index (no metadata
   load: the consumers can start as soon as Q and the first K block land). Same values as
-  ``masks.kv_block_ranges`` for one tile of ``COMPUTE_WGS * block_q`` rows (kv_len = S)."""
-  cta_q = COMPUTE_WGS * st.block_q
+  ``masks.kv_block_ranges`` for one tile of ``consumers * block_q`` rows (kv_len = S)."""
+  cta_q = st.consumers * st.block_q
   q_first = tile * cta_q
   q_last = jnp.minimum(q_first + cta_q, st.seq_q) - 1
   lo, lo_full, hi_full, hi = masks.tile_block_range(q_first, q_last, spec=st.spec,
@@ -519,15 +549,17 @@ def slot_releases(free_barriers, st: Statics):
   producer's ``wait(slot)``. Mbarriers (``free_barriers``, one per slot; Pallas makes every
   thread of a consumer warpgroup arrive, a shared-memory atomic each), or with ``st.named_free``
   a hardware barrier per ring and slot: the consumers ``bar.arrive`` and the producer's
-  ``bar.sync`` completes once all FREE_THREADS threads are in (ids from FREE_BAR on)."""
+  ``bar.sync`` completes once every consumer and producer thread is in (ids from
+  ``free_bar``)."""
   if not st.named_free:
     return (tuple((lambda slot, b=b: plgpu.barrier_arrive(b.at[slot])) for b in free_barriers),
             tuple((lambda slot, b=b: plgpu.barrier_wait(b.at[slot])) for b in free_barriers))
-  ids = [lambda slot, r=r: FREE_BAR + r * st.num_stages + slot for r in range(len(free_barriers))]
-  if FREE_BAR + len(ids) * st.num_stages > 16:
+  first, threads = free_bar(st.consumers), (st.consumers + 1) * WG_THREADS
+  ids = [lambda slot, r=r: first + r * st.num_stages + slot for r in range(len(free_barriers))]
+  if first + len(ids) * st.num_stages > 16:
     raise NotImplementedError("named_free: more ring slots than hardware barriers")
-  return (tuple((lambda slot, i=i: named_barrier("arrive", i(slot), FREE_THREADS)) for i in ids),
-          tuple((lambda slot, i=i: named_barrier("sync", i(slot), FREE_THREADS)) for i in ids))
+  return (tuple((lambda slot, i=i: named_barrier("arrive", i(slot), threads)) for i in ids),
+          tuple((lambda slot, i=i: named_barrier("sync", i(slot), threads)) for i in ids))
 
 
 def produce(num_steps, stages: int, fetch, free_barriers):
@@ -556,29 +588,29 @@ def produce(num_steps, stages: int, fetch, free_barriers):
 def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   """Shared-memory buffers and barriers of ``fwd_kernel`` (order matters: see ``_body``)."""
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
-  queue = schedule.scratch_types(consumers=COMPUTE_WGS) if st.dynamic else (None, None, None)
+  bq, bkv, stages, nc = st.block_q, st.block_kv, st.num_stages, st.consumers
+  queue = schedule.scratch_types(consumers=nc) if st.dynamic else (None, None, None)
   smem = (
-      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled),       # Q (and O)
-      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=tiled) if st.persistent else None,
+      plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled),                # Q (and O)
+      plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled) if st.persistent else None,
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # V ring
-      plgpu.SMEM((COMPUTE_WGS, bq), jnp.float32),                             # lse
+      plgpu.SMEM((nc, bq), jnp.float32),                                      # lse
       plgpu.SMEM((META_LEN,), jnp.int32) if has_meta else None,
-      plgpu.SMEM((COMPUTE_WGS, bq), jnp.int32) if st.has_segments else None,  # q segment ids
+      plgpu.SMEM((nc, bq), jnp.int32) if st.has_segments else None,           # q segment ids
       plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,      # kv segment ring
-      None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bq, bkv), dtype, transforms=tiled),
+      None if st.registers_pv else plgpu.SMEM((nc, bq, bkv), dtype, transforms=tiled),
       queue[0],                                                               # next tiles
   )
   bars = (
       plgpu.Barrier(num_barriers=stages),                                 # k_ready
       plgpu.Barrier(num_barriers=stages),                                 # v_ready
       plgpu.Barrier(num_barriers=stages),                                 # seg_ready
-      plgpu.Barrier(num_barriers=2 * COMPUTE_WGS),                        # q_ready (+ q seg)
+      plgpu.Barrier(num_barriers=2 * nc),                                 # q_ready (+ q seg)
       plgpu.Barrier(num_barriers=1),                                      # meta_ready
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),       # k_free
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),       # v_free
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS),                            # turns
+      plgpu.Barrier(num_arrivals=nc, num_barriers=stages),                # k_free
+      plgpu.Barrier(num_arrivals=nc, num_barriers=stages),                # v_free
+      plgpu.Barrier(num_arrivals=nc),                                     # turns
       *queue[1:],                                                         # tile ready / free
   )
   return smem, bars
@@ -586,9 +618,10 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
 
 def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
   """Shared memory of one CTA (the H100/H200 limit is 227 KB)."""
-  tiles = COMPUTE_WGS * st.block_q * head_dim + 2 * st.num_stages * st.block_kv * head_dim
+  rows = st.consumers * st.block_q
+  tiles = rows * head_dim + 2 * st.num_stages * st.block_kv * head_dim
   if st.persistent:
-    tiles += COMPUTE_WGS * st.block_q * head_dim                 # O beside Q
+    tiles += rows * head_dim                                     # O beside Q
   if not st.registers_pv:
-    tiles += COMPUTE_WGS * st.block_q * st.block_kv
-  return tiles * itemsize + COMPUTE_WGS * st.block_q * 8 + st.num_stages * st.block_kv * 4 + 1024
+    tiles += rows * st.block_kv
+  return tiles * itemsize + rows * 8 + st.num_stages * st.block_kv * 4 + 1024

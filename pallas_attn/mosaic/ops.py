@@ -308,10 +308,11 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
              hp: int, interpret):
-  """Pads to the CTA tile (2 * block_q rows, block_kv keys, hp lanes), runs the kernel, unpads."""
+  """Pads to the CTA tile (consumers * block_q rows, block_kv keys, hp lanes), runs the kernel,
+  unpads."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
-  cta_q = kernels.COMPUTE_WGS * cfg.block_q
+  cta_q = cfg.consumers * cfg.block_q
   tq, tk = _round_up(t, cta_q), _round_up(s, cfg.block_kv)
   left, right = masks.canonical_window(causal=causal, window=window)
   spec = masks.MaskSpec(left=left, right=right, offset=s - t)
@@ -324,11 +325,12 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       scale=scale, softcap=softcap, spec=spec, has_kv_len=has_kv_len,
       has_segments=q_seg is not None, groups=n // kh, block_q=cfg.block_q,
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
-      registers_pv=not interpret, overlap=cfg.overlap and not interpret,
+      registers_pv=not interpret, overlap=cfg.overlap and not interpret and cfg.consumers == 2,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
       pin_softmax=cfg.pin_softmax,
-      named_free=cfg.named_free and not interpret and not cfg.overlap)
+      named_free=cfg.named_free and not interpret and not cfg.overlap,
+      consumers=cfg.consumers)
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   # Compiled, the persistent loop with 256-key blocks never returns on the H200 (H = 64, full
@@ -336,7 +338,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   # grid with 256 run: benchmarks/NOTES.md, session 8). Not located (interpret mode cannot run
   # that form: its P staging leaves no SMEM for it), so the grid runs instead.
   stalls = cfg.block_kv == 256
-  if cfg.persistent and not has_meta and q_seg is None and not st.overlap and not stalls:
+  # The persistent launch is written for two consumers (its tile hand-over); three run the grid.
+  if cfg.persistent and cfg.consumers == 2 and not has_meta and q_seg is None and not st.overlap and not stalls:
     num_tiles = b * n * (tq // cta_q)
     # The tile counter is a fresh mutable ref, which cannot join shard_map's varying operands.
     dynamic = cfg.dynamic_schedule and not spec.is_trivial and not varying
@@ -386,7 +389,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       scratch_types=(smem_types, bar_types),
       grid=(st.num_ctas,) if st.persistent else (n, tq // cta_q, b),
       grid_names=("sm",) if st.persistent else ("heads", "q_seq", "batch"),
-      num_threads=kernels.COMPUTE_WGS + 1,
+      num_threads=st.consumers + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(
           approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret),

@@ -1,0 +1,113 @@
+"""Mosaic GPU forward with three consumer warpgroups (``Config.consumers=3``: 192-row tiles).
+
+Interpret mode checks the arithmetic and the 192-row tiling (padding of T, the per-tile block
+ranges, masks); the compiled form (named-barrier ring of three, the 160/32 register split) is
+lowered for sm90 on CPU.
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_attn import flash_attention, reference
+from pallas_attn.mosaic import Config, default_config, kernels, ops
+
+
+def _inputs(b, t, s, n, kh, h, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
+  return q, k, v
+
+
+def _rel_err(out, ref):
+  return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
+
+
+def test_config_takes_two_or_three_consumers():
+  assert Config().consumers == 2
+  assert Config(consumers=3).consumers == 3
+  with pytest.raises(ValueError, match="consumers"):
+    Config(consumers=4)
+
+
+def test_barrier_ids_stay_clear_of_mosaic_and_each_other():
+  """Mosaic GPU keeps hardware barriers 0 .. warpgroups; the ping-pong ring takes one per
+  consumer after those, named_free's slots follow (16 in all)."""
+  for nc in (2, 3):
+    sched, free = kernels.schedule_bar(nc), kernels.free_bar(nc)
+    assert sched > nc + 1                      # warpgroups = nc + 1 (the producer)
+    assert free >= sched + nc
+    assert free + 2 * 4 <= 16                  # two rings of at most 4 slots
+  assert (kernels.schedule_bar(2), kernels.free_bar(2)) == (4, 6)    # unchanged for two
+  for nc, (c, p) in kernels.FWD_REGISTERS.items():
+    launch = 65536 // ((nc + 1) * kernels.WG_THREADS) // 8 * 8
+    assert nc * c + p <= (nc + 1) * launch and c % 8 == 0 and p % 8 == 0
+
+
+@pytest.mark.parametrize("t,s,n,kh,h,kw", [
+    (200, 260, 2, 1, 64, dict()),                               # T not a multiple of 192
+    (384, 384, 2, 2, 64, dict(causal=True)),
+    (250, 300, 4, 2, 64, dict(window=(60, 10), softcap=20.0)),
+    (193, 193, 2, 1, 128, dict(causal=True, kv_lengths=True)),
+    (260, 250, 2, 2, 64, dict(segments=True)),
+], ids=["full", "causal", "window_softcap_gqa", "causal_kvlen_h128", "segments"])
+def test_three_consumers_match_reference_in_interpret_mode(t, s, n, kh, h, kw):
+  b = 2
+  q, k, v = _inputs(b, t, s, n, kh, h)
+  kw = dict(kw)
+  if kw.pop("kv_lengths", False):
+    kw["kv_lengths"] = jnp.array([s, s // 2 + 3], jnp.int32)
+  if kw.pop("segments", False):
+    pos_q, pos_k = jnp.arange(t), jnp.arange(s)
+    kw["q_segment_ids"] = jnp.stack([pos_q // 100, pos_q // 70]).astype(jnp.int32)
+    kw["kv_segment_ids"] = jnp.stack([pos_k // 100, pos_k // 70]).astype(jnp.int32)
+  cfg = Config(block_kv=64, consumers=3)
+  out = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True, **kw)
+  ref_kw = {key: val for key, val in kw.items()}
+  ref = reference.attention(*(x.astype(jnp.float32) for x in (q, k, v)),
+                            precision=jax.lax.Precision.HIGHEST, **ref_kw)
+  assert _rel_err(out, ref) < 1e-2
+  two = flash_attention(q, k, v, implementation="mosaic", config=Config(block_kv=64),
+                        interpret=True, **kw)
+  # Same blocks, same order within each row: the two- and three-consumer forwards agree to
+  # the rounding of the final bf16 cast.
+  assert _rel_err(out, two.astype(jnp.float32)) < 1e-2
+
+
+def test_three_consumer_forward_feeds_the_backward_in_interpret_mode():
+  """The forward's O and lse (192-row tiles) are the backward's residuals."""
+  q, k, v = _inputs(1, 200, 200, 2, 1, 64, seed=1)
+
+  def loss(fn, q, k, v):
+    return jnp.sum(fn(q, k, v).astype(jnp.float32) * jnp.linspace(-1, 1, 64))
+  ours = functools.partial(flash_attention, implementation="mosaic", causal=True,
+                           config=Config(block_kv=64, consumers=3), interpret=True)
+  ref = lambda q, k, v: reference.attention(q, k, v, causal=True,
+                                            precision=jax.lax.Precision.HIGHEST)
+  g = jax.grad(functools.partial(loss, ours), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.grad(functools.partial(loss, ref), argnums=(0, 1, 2))(
+      *(x.astype(jnp.float32) for x in (q, k, v)))
+  for a, r in zip(g, g_ref):
+    assert _rel_err(a, r) < 2e-2
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_three_consumers_lower_for_sm90(causal):
+  """Compiled form: four warpgroups, the 160 / 32 register split and a ping-pong ring on three
+  named barriers of two warpgroups' threads each."""
+  b, t, n, h = 1, 1024, 2, 64
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=causal), block_kv=128,
+                            consumers=3)
+  fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
+                          softcap=None, cfg=cfg, hp=h, interpret=False)
+  text = jax.jit(fwd).trace(q, q, q, None, None, None).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "flash_attention_fwd" in text
+  assert "bar.sync $0, 256" in text and "bar.arrive $0, 256" in text
+  assert "setmaxnreg.inc.sync.aligned.u32 160;" in text
+  assert "setmaxnreg.dec.sync.aligned.u32 32;" in text
