@@ -153,15 +153,19 @@ def mosaic_tiles_groups(block_k: int, k: int, group_size: int) -> bool:
 
 # Weights of at most this many elements take 256-row steps by default (see default_block_k).
 SMALL_WEIGHT = 8192 * 8192
+SPLIT_N = 2 * 132 * 64     # fewer outputs: < 2 warpgroup tiles per H200 SM, so K is split
 
 
 def default_block_k(k: int, n: int, group_size: int) -> int:
   """The K step the planar layout is packed for (fixed at load time, so it cannot depend on M):
   the widest of 512 / 256 / 128 / 64 whose planes tile the groups, capped at 256 for weights of
-  at most 8192 x 8192. H200, g128 (benchmarks/NOTES.md, session 6): 256-row steps were 12-14%
-  faster at 8192 x 8192 for M = 1 and 16 (more, smaller CTAs for its 128 output tiles) but
-  1.5-3% slower at M = 1 on 8192 x 28672 and 28672 x 8192."""
-  bk = 256 if k * n <= SMALL_WEIGHT else BLOCK_K[-1]
+  at most 8192 x 8192 and for weights with fewer than ``SPLIT_N`` outputs (the ones whose K the
+  decode grid splits across the SMs). H200, g128: 256-row steps were 12-14% faster at 8192 x
+  8192 for M = 1 and 16 (session 6), and, with the fused-lop3 dequant, 3% / 8% faster at M = 1 /
+  16 on 28672 x 8192 (session 10, ``results/w4a16/2026-12-03_s10_stream_default.json``; session
+  6, before the lop3, had them 1.5-3% slower at M = 1); at 8192 x 28672 (no K split, stream-K)
+  512 stays 14% faster at M = 1."""
+  bk = 256 if k * n <= SMALL_WEIGHT or n < SPLIT_N else BLOCK_K[-1]
   while bk > BLOCK_K[0] and not mosaic_tiles_groups(bk, k, group_size):
     bk //= 2
   return bk

@@ -178,8 +178,10 @@ def test_default_config_is_valid(group_size):
       check_mosaic_shape(cfg, m=m, k=k, group_size=gs)
       assert mosaic_smem_bytes(cfg, m=m, asym=True) <= SMEM_BYTES
       if gs >= 128:
-        # Widest step the groups allow; 256 for weights of at most 8192 x 8192 (H200 sweep).
-        assert cfg.block_k == (256 if k * n <= layout.SMALL_WEIGHT else 512)
+        # Widest step the groups allow; 256 for weights of at most 8192 x 8192 and where K is
+        # split across the SMs (H200 sweeps).
+        assert cfg.block_k == (256 if k * n <= layout.SMALL_WEIGHT or n < layout.SPLIT_N
+                               else 512)
         assert cfg.block_k == layout.default_block_k(k, n, gs)   # what prepare_mosaic packs
       if gs >= 64:
         assert cfg.block_k >= 256                      # 128-byte swizzle (planes of >= 64)
@@ -191,7 +193,7 @@ def test_default_config_is_valid(group_size):
 
 @pytest.mark.parametrize("m,k,n,stream_ctas", [
     (1, 8192, 28672, 264),     # 448 tiles of 64, two CTAs per SM: more than one wave
-    (16, 8192, 28672, 132),    # 224 tiles of 128, one CTA per SM (SMEM)
+    (16, 8192, 28672, 132),    # 224 tiles of 128 (then 256 wide), one CTA per SM (SMEM)
     (1, 8192, 8192, 0),        # the grid splits K to fill the SMs
     (1, 28672, 8192, 0),
     (64, 8192, 28672, 0),      # not measured above M = 16
@@ -201,6 +203,7 @@ def test_default_config_stream_k(m, k, n, stream_ctas):
   assert cfg.stream_ctas == stream_ctas
   if stream_ctas:
     assert cfg.split_k == 1
+    assert cfg.block_n == (64 if m <= 8 else 256)
     per_sm = stream_ctas // 132
     assert per_sm * mosaic_smem_bytes(cfg, m=m, asym=True) <= 228 * 1024
 
