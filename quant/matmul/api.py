@@ -6,9 +6,16 @@ expose ``int4_matmul`` with that convention. A backend that cannot serve a valid
 size, bit width or shape it does not support) raises NotImplementedError, and with
 ``implementation=None`` dispatch tries the next backend, ending at "xla".
 
+The weight is a ``quant.QuantizedWeight`` or, for the Mosaic GPU decode kernel on Hopper, the
+same weight prepared once at load time with ``quant.matmul.layout.prepare_mosaic`` (a
+``MosaicWeight``). A prepared weight goes to "mosaic" first; the other backends get it back as a
+``QuantizedWeight`` (``layout.to_quantized``, one unpack per call), e.g. for M > 64.
+
 Example:
   >>> qw = quant.rtn(w, bits=4, group_size=128)          # w: [K, N]
   >>> y = quant.int4_matmul(x, qw)                        # x: [..., K] -> y: [..., N]
+  >>> mw = quant.matmul.layout.prepare_mosaic(qw)         # once, at load time (Hopper decode)
+  >>> y = quant.int4_matmul(x, mw)
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from quant import formats
-from quant.matmul import reference
+from quant.matmul import layout, reference
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +60,8 @@ def default_order() -> tuple[str, ...]:
 
 
 def check_inputs(x, qw, *, bias, implementation) -> None:
-  formats.check_quantized(qw)
+  if not isinstance(qw, layout.MosaicWeight):
+    formats.check_quantized(qw)
   if not hasattr(x, "ndim") or x.ndim < 1:
     raise ValueError(f"x must be an array [..., K], got {type(x).__name__}")
   if x.dtype not in _DTYPES:
@@ -68,14 +76,16 @@ def check_inputs(x, qw, *, bias, implementation) -> None:
                      f"got {implementation!r}")
 
 
-def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight, *,
+def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight | layout.MosaicWeight, *,
                 bias: Float[Array, "N"] | None = None, implementation: str | None = None,
                 config: Any = None, interpret: bool | None = None) -> Float[Array, "... N"]:
   """``x @ dequantize(qw) (+ bias)`` with a low-bit weight, dispatched to the fastest backend.
 
   Args:
     x: activations ``[..., K]`` in bf16, f16 or f32; the result has the same dtype.
-    qw: a ``quant.QuantizedWeight`` of logical shape ``[K, N]``.
+    qw: a ``quant.QuantizedWeight`` of logical shape ``[K, N]``, or a ``layout.MosaicWeight``
+      prepared from one (``layout.prepare_mosaic``; served by "mosaic" directly and by the other
+      backends after ``layout.to_quantized``).
     bias: optional ``[N]``.
     implementation: "mosaic" | "triton" | "xla"; None tries the available ones fastest first.
     config: backend tuning config (frozen dataclass) or None for heuristics.
@@ -86,6 +96,7 @@ def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight, *,
     interpret = not _on_gpu()
   order = (implementation,) if implementation is not None else default_order()
   errors = []
+  converted = None
   for name in order:
     try:
       fn = _backend(name)
@@ -94,8 +105,12 @@ def int4_matmul(x: Float[Array, "... K"], qw: formats.QuantizedWeight, *,
         raise NotImplementedError(f"int4_matmul backend {name!r} is not available: {e}") from e
       errors.append(f"{name}: {e}")
       continue
+    w = qw
+    if isinstance(qw, layout.MosaicWeight) and name != "mosaic":
+      converted = layout.to_quantized(qw) if converted is None else converted
+      w = converted
     try:
-      return fn(x, qw, bias=bias, config=config, interpret=interpret)
+      return fn(x, w, bias=bias, config=config, interpret=interpret)
     except NotImplementedError as e:
       if implementation is not None:
         raise

@@ -271,3 +271,24 @@ def unpack_mosaic(qweight: Int[Array, "..."], block_k: int) -> Int[Array, "Np Kp
   fields = (u[..., None] >> shifts) & jnp.uint16(0xF)                 # [Np, Kp/4, planes]
   fields = fields.reshape(np_, kp // block_k, block_k // PLANES, PLANES).transpose(0, 1, 3, 2)
   return fields.reshape(np_, kp).astype(jnp.int32)
+
+
+def to_quantized(mw: MosaicWeight) -> formats.QuantizedWeight:
+  """Inverse of ``prepare_mosaic``: the same weight as a ``QuantizedWeight`` (exact; padding
+  dropped; zero points back to int32). Lets the backends that read our packed format (Triton,
+  XLA) serve a prepared weight, e.g. for M > 64, where the Mosaic decode kernel declines.
+  Costs one XLA unpack / repack of the weight per call when used inside a jitted matmul.
+
+  Example:
+    >>> qw2 = to_quantized(prepare_mosaic(qw))   # qw2.codes == qw.codes, same scales / zeros
+  """
+  if not isinstance(mw, MosaicWeight):
+    raise TypeError(f"expected a layout.MosaicWeight, got {type(mw).__name__}")
+  mw = to_row_major(mw)
+  k, n = mw.shape
+  codes = unpack_mosaic(mw.qweight, mw.block_k)[:n, :k].T                # [K, N] stored order
+  g = 1 if mw.per_channel else k // mw.group_size
+  zeros = None if mw.zeros is None else mw.zeros[:g, :n].astype(jnp.int32)
+  return formats.QuantizedWeight(
+      qweight=formats.pack(codes, bits=mw.bits), scales=mw.scales[:g, :n], zeros=zeros,
+      perm=mw.perm, bits=mw.bits, group_size=mw.group_size, sym=mw.sym, shape=(k, n))

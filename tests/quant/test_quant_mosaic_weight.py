@@ -1,0 +1,99 @@
+"""A prepared ``layout.MosaicWeight`` through the public API: ``layout.to_quantized`` (the
+inverse of ``prepare_mosaic``), ``quant.int4_matmul`` dispatch, and ``QuantLinear(mosaic=True)``.
+On CPU the matmul runs the XLA reference (or a Pallas kernel in interpret mode when asked)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import quant
+from quant.matmul import api, layout
+
+
+def _weight(k, n, group_size, sym, act_order=False, seed=0):
+  w = jax.random.normal(jax.random.key(seed), (k, n), jnp.float32)
+  qw = quant.rtn(w, bits=4, group_size=group_size, sym=sym)
+  if act_order:                      # a permuted row order, as GPTQ act-order stores it
+    perm = jax.random.permutation(jax.random.key(seed + 1), k).astype(jnp.int32)
+    qw = quant.QuantizedWeight.from_codes(qw.codes, qw.scales, qw.zeros, bits=4,
+                                          group_size=group_size, perm=perm)
+  return qw
+
+
+CASES = [(512, 256, 128, False, False), (520, 200, None, True, False),
+         (256, 130, 32, False, True), (1024, 64, 64, True, False)]
+
+
+@pytest.mark.parametrize("k,n,gs,sym,act", CASES, ids=["g128", "per_channel_sym_odd",
+                                                       "g32_act_order", "g64_sym"])
+@pytest.mark.parametrize("tile_major", [False, True], ids=["rows", "tiles"])
+def test_to_quantized_inverts_prepare_mosaic(k, n, gs, sym, act, tile_major):
+  qw = _weight(k, n, gs, sym, act)
+  back = layout.to_quantized(layout.prepare_mosaic(qw, tile_major=tile_major))
+  assert (back.bits, back.group_size, back.sym, back.shape) == (qw.bits, qw.group_size, qw.sym,
+                                                                qw.shape)
+  np.testing.assert_array_equal(back.qweight, qw.qweight)
+  np.testing.assert_array_equal(back.scales, qw.scales)
+  assert (back.zeros is None) == sym
+  if not sym:
+    assert back.zeros.dtype == qw.zeros.dtype
+    np.testing.assert_array_equal(back.zeros, qw.zeros)
+  if act:
+    np.testing.assert_array_equal(back.perm, qw.perm)
+
+
+def test_to_quantized_rejects_other_types():
+  with pytest.raises(TypeError, match="MosaicWeight"):
+    layout.to_quantized(_weight(256, 64, 128, False))
+
+
+@pytest.mark.parametrize("impl", [None, "xla", "triton"])
+def test_int4_matmul_takes_a_prepared_weight(impl):
+  """Every backend serves a MosaicWeight with the same result as the QuantizedWeight it came
+  from (M = 100 > 64: the Mosaic decode kernel would decline on a GPU too)."""
+  qw = _weight(512, 256, 128, False, act_order=True)
+  mw = layout.prepare_mosaic(qw)
+  x = jax.random.normal(jax.random.key(3), (100, 512), jnp.bfloat16)
+  bias = jnp.linspace(-1, 1, 256).astype(jnp.bfloat16)
+  y = jax.jit(lambda x, w: api.int4_matmul(x, w, bias=bias, implementation=impl,
+                                           interpret=True))(x, mw)
+  y0 = api.int4_matmul(x, qw, bias=bias, implementation=impl, interpret=True)
+  assert y.shape == (100, 256) and y.dtype == x.dtype
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
+
+
+def test_int4_matmul_checks_a_prepared_weight():
+  mw = layout.prepare_mosaic(_weight(512, 256, 128, False))
+  with pytest.raises(ValueError, match="K=512"):
+    api.int4_matmul(jnp.ones((2, 256), jnp.bfloat16), mw)
+  with pytest.raises(ValueError, match="bias"):
+    api.int4_matmul(jnp.ones((2, 512), jnp.bfloat16), mw, bias=jnp.ones((3,), jnp.bfloat16))
+
+
+def test_quant_linear_mosaic_storage_matches_default():
+  lin = nnx.Linear(512, 192, rngs=nnx.Rngs(0))
+  qw = quant.rtn(lin.kernel[...], group_size=128)
+  plain = quant.QuantLinear.from_linear(lin, qw)
+  prepared = quant.QuantLinear.from_linear(lin, qw, mosaic=True)
+  assert isinstance(prepared.weight, layout.MosaicWeight)
+  assert isinstance(plain.weight, quant.QuantizedWeight)
+  np.testing.assert_array_equal(prepared.quantized_weight.qweight, qw.qweight)
+  x = jax.random.normal(jax.random.key(2), (3, 512), jnp.float32)
+  np.testing.assert_array_equal(np.asarray(nnx.jit(lambda m, x: m(x))(prepared, x)),
+                                np.asarray(plain(x)))
+  # A MosaicWeight is taken as is.
+  direct = quant.QuantLinear(layout.prepare_mosaic(qw, tile_major=True))
+  assert direct.mosaic_block_k == layout.default_block_k(512, 192, 128)
+  assert direct.qweight[...].ndim == 2                 # stored row-major (2-D, shardable)
+  assert not nnx.state(prepared, nnx.Param).get("qweight")
+
+
+def test_quant_linear_mosaic_sharding_names_follow_the_transpose():
+  init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"),
+                               eager_sharding=False)
+  lin = nnx.Linear(256, 128, kernel_init=init, rngs=nnx.Rngs(0))
+  qw = quant.rtn(lin.kernel[...], group_size=128)
+  prepared = quant.QuantLinear.from_linear(lin, qw, mosaic=True)
+  assert prepared.qweight.get_metadata()["out_sharding"] == ("mlp", "embed")   # [N, K/4]
+  assert prepared.scales.get_metadata()["out_sharding"] == (None, "mlp")
