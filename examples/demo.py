@@ -101,8 +101,17 @@ def quant_tour():
   y = quant.int4_matmul(xb, qw, implementation=impl)
   y_ref = xb.astype(jnp.float32) @ quant.dequantize(qw)
   rel = float(jnp.mean(jnp.abs(y.astype(jnp.float32) - y_ref)) / jnp.mean(jnp.abs(y_ref)))
-  print(f"int4_matmul ({impl or 'auto'}) vs x @ dequantize(qw): mean relative error {rel:.1e} "
-        f"({time.perf_counter() - t0:.1f}s for the section)")
+  print(f"int4_matmul ({impl or 'auto'}) vs x @ dequantize(qw): mean relative error {rel:.1e}")
+  # Hopper decode: the weight prepared once in the Mosaic kernel's layout (QuantLinear does this
+  # with mosaic=True); on CPU the Mosaic GPU kernel runs in interpret mode.
+  from quant.matmul import layout
+  mw = layout.prepare_mosaic(qw)
+  impl_m = None if jax.default_backend() == "gpu" else "mosaic"
+  y_m = quant.int4_matmul(xb, mw, implementation=impl_m)
+  rel_m = float(jnp.mean(jnp.abs(y_m.astype(jnp.float32) - y_ref)) / jnp.mean(jnp.abs(y_ref)))
+  print(f"int4_matmul on the prepared (Mosaic layout) weight ({impl_m or 'auto'}): mean relative "
+        f"error {rel_m:.1e} ({time.perf_counter() - t0:.1f}s for the section)")
+  assert rel < 1e-2 and rel_m < 1e-2
 
 
 def parallel_tour():
