@@ -46,8 +46,11 @@ def test_int4_matmul_matches_dequantize(dtype):
   y = quant.int4_matmul(x, qw, bias=bias)
   assert y.shape == (3, 5, 64) and y.dtype == dtype
   ref = np.asarray(x, np.float64) @ np.asarray(quant.dequantize(qw), np.float64) + np.asarray(bias)
-  rel = np.abs(np.asarray(y, np.float64) - ref).mean() / np.abs(ref).mean()
-  assert rel < {jnp.float32: 1e-6, jnp.bfloat16: 1e-2, jnp.float16: 1e-3}[dtype]
+  # TESTING.md: mean relative error < 1e-3 against the float reference rounded to x's dtype
+  # (the weight must not be rounded to bf16 first: that alone gave ~1.7e-3).
+  rounded = np.asarray(jnp.asarray(ref, dtype), np.float64)
+  rel = np.abs(np.asarray(y, np.float64) - rounded).mean() / np.abs(ref).mean()
+  assert rel < {jnp.float32: 1e-6, jnp.bfloat16: 1e-3, jnp.float16: 1e-3}[dtype]
   # jit and vmap agree bitwise with eager.
   yj = jax.jit(lambda a, q: quant.int4_matmul(a, q, bias=bias))(x, qw)
   np.testing.assert_array_equal(np.asarray(yj), np.asarray(y))
