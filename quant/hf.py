@@ -150,9 +150,11 @@ def export_model(model: nnx.Module, path: str, *, format: str = "gptq") -> dict[
   return save_checkpoint(path, layers, format=format, tensors=tensors)
 
 
-def import_model(model: nnx.Module, path: str, *, implementation: str | None = None) -> nnx.Module:
+def import_model(model: nnx.Module, path: str, *, implementation: str | None = None,
+                 mosaic: bool = False) -> nnx.Module:
   """Returns a copy of ``model`` whose linears named in the checkpoint are ``QuantLinear``s
-  and whose other parameters are taken from the checkpoint."""
+  and whose other parameters are taken from the checkpoint. ``mosaic``: store the weights in the
+  Mosaic GPU decode kernel's layout (prepared once here; see ``QuantLinear``)."""
   from quant.nnx import QuantLinear, _get, _set
   layers, tensors, _ = load_checkpoint(path)
   model = nnx.clone(model)
@@ -169,7 +171,7 @@ def import_model(model: nnx.Module, path: str, *, implementation: str | None = N
     _set(model, path_, QuantLinear(qw, bias=None if bias is None else jnp.asarray(bias),
                                    input_scale=None if scale is None else jnp.asarray(scale),
                                    dtype=getattr(lin, "dtype", None), sharding=names,
-                                   implementation=implementation))
+                                   implementation=implementation, mosaic=mosaic))
   flat = dict((".".join(map(str, p)), v) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
   for name, value in tensors.items():
     if name not in flat:

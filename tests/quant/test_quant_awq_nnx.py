@@ -9,6 +9,7 @@ from flax import nnx
 
 import quant
 from quant import calibration, hf
+from quant.matmul import layout
 from quant.gptq import quantize_error
 from examples.gpt import GPT, GPTConfig, next_token_loss
 
@@ -165,6 +166,13 @@ def test_safetensors_export_import(gpt, tmp_path, fmt, method):
   reloaded = hf.import_model(model, path)
   np.testing.assert_allclose(np.asarray(reloaded(batches[0])),
                              np.asarray(qmodel(batches[0])), rtol=2e-2, atol=2e-2)
+  if fmt == "gptq":   # the same checkpoint in the Mosaic kernel's layout: the same model
+    prepared = hf.import_model(model, path, mosaic=True)
+    assert isinstance(prepared.blocks[0].attn.q.weight, layout.MosaicWeight)
+    np.testing.assert_array_equal(np.asarray(prepared(batches[0])),
+                                  np.asarray(reloaded(batches[0])))
+    again = hf.export_model(prepared, str(tmp_path / "again.safetensors"), format=fmt)
+    assert again == config
   from safetensors import safe_open
   with safe_open(path, framework="numpy") as f:
     meta = json.loads(f.metadata()["quantization_config"])
