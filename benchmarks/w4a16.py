@@ -242,6 +242,15 @@ def measure_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool)
   row["ours_triton_api"] = _check_and_time(p, row["m"], fn, p.qws, iters=iters)
 
 
+def measure_mosaic_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool) -> None:
+  """What ``QuantLinear(mosaic=True)`` runs: ``quant.int4_matmul(x, mw)`` with the weight
+  prepared by ``layout.prepare_mosaic`` (default layout) and automatic dispatch."""
+  fn = lambda x, mw: quant.int4_matmul(x, mw, interpret=interpret)
+  block_k = layout.default_block_k(p.k, p.n, GROUP)
+  row["ours_mosaic_api"] = _check_and_time(p, row["m"], fn, p.mosaic_weights(block_k),
+                                           iters=iters)
+
+
 def _keep_best(row: dict[str, Any], key: str, *, speedup_prefix: str) -> dict | None:
   """Sets ``row[key]`` to the fastest timed entry of ``row[key + "_sweep"]`` and the speedups
   over the XLA peers (``row[speedup_prefix + "speedup_vs_" + peer]``); returns it (None if none
@@ -437,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   for p, row, _ in rows:
     if time.time() < deadline and "triton" in impls:
       measure_api(p, row, iters=iters, interpret=interpret)
+    if time.time() < deadline and "mosaic" in impls and not interpret:
+      measure_mosaic_api(p, row, iters=iters, interpret=interpret)
   for i in range(max((len(c) for _, _, c in rows), default=0)):
     for p, row, configs in rows:
       if i >= len(configs):
