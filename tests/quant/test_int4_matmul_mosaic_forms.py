@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import quant
 from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
-from quant.matmul.config import MosaicConfig
+from quant.matmul.config import MosaicConfig, default_mosaic_config
 from test_int4_matmul_mosaic import BF16, _abstract_weight, _lowered_text
 from test_int4_matmul_triton import _check, _weight, _x
 
@@ -68,6 +69,7 @@ STREAM_CASES = [
     (5, 2048, 256, 64, False, 256, 128, 3),
     (16, 1024, 128, 512, False, 256, 64, 3),
     (4, 520, 70, -1, True, 256, 64, 2),
+    (16, 1024, 512, 128, False, 512, 256, 3),   # the M = 16 default's form: four warpgroups
 ]
 
 
@@ -129,6 +131,22 @@ def test_compiled_stream_k_matches_reference(m, k, n, group_size, block_n, ctas)
   mw = layout.prepare_mosaic(qw, block_k=256)
   cfg = MosaicConfig(block_n=block_n, block_k=256, num_stages=3, stream_ctas=ctas)
   _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=cfg), x, qw, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+def test_compiled_default_stream_k_through_the_public_api(m):
+  """The defaults at 8192 x 28672 are stream-K (64-feature CTAs at M = 1, 256-feature CTAs
+  with two stages at M = 16), reached as users reach them: ``quant.int4_matmul`` on a weight
+  prepared with the default layout."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  k, n = 8192, 28672
+  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128)
+  assert cfg.stream_ctas and cfg.block_n == (64 if m == 1 else 256)
+  qw = _weight(k, n, group_size=128, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  _check(jax.jit(quant.int4_matmul)(x, layout.prepare_mosaic(qw)), x, qw)
 
 
 # ----------------------------------------------------------------------------------------------
