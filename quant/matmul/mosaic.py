@@ -74,7 +74,7 @@ from quant.matmul import layout, mosaic_io
 from quant.matmul.mosaic_io import (kernel_inputs, scale_rows, split_refs, weight_boxes, x_sums,
                                     xs_rows)
 from quant.matmul.config import (MosaicConfig, default_mosaic_config, fit_mosaic_config,
-                                 mosaic_m_pad)
+                                 mosaic_m_pad, MOSAIC_MAX_M)
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # 16-bit pattern of B with B + q exact for q < 16 (OR q into the mantissa), by operand dtype.
@@ -568,8 +568,10 @@ def int4_matmul(x: Float[Array, "... K"],
 
   ``qw`` is a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its
   ``block_k`` fixes the config's) or, in interpret mode only, a ``QuantizedWeight`` (assumed
-  checked by ``quant.matmul.api.check_inputs``; repacked on every call). Raises
-  NotImplementedError for float32 x, M > 64, bits > 4, groups the planes cannot tile, a config
+  checked by ``quant.matmul.api.check_inputs``; repacked on every call). A prepared weight
+  serves any M: 64-row chunks, one kernel call each (benchmarks/NOTES.md, session 10). Raises
+  NotImplementedError for float32 x, M > 64 on a plain QuantizedWeight, bits > 4, groups the
+  planes cannot tile, a config
   that does not fit, and with ``interpret=False`` for a plain QuantizedWeight (see the module
   docstring) or a GPU that is not sm90. ``lowering_platforms=("cuda",)`` on a CPU host is
   allowed (compile checks).
@@ -594,6 +596,12 @@ def int4_matmul(x: Float[Array, "... K"],
   m = x2.shape[0]
   if m == 0:
     return jnp.zeros((*lead, n), x.dtype)
+  if m > MOSAIC_MAX_M and prepared:
+    chunks = -(-m // MOSAIC_MAX_M)
+    xs = jnp.pad(x2, ((0, chunks * MOSAIC_MAX_M - m), (0, 0))).reshape(chunks, MOSAIC_MAX_M, k)
+    y = lax.map(lambda xc: int4_matmul(xc, qw, bias=bias, config=config, interpret=interpret),
+                xs)
+    return y.reshape(chunks * MOSAIC_MAX_M, n)[:m].reshape(*lead, n)
   if config is None and prepared:
     config = dataclasses.replace(
         default_mosaic_config(m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym),

@@ -9,6 +9,7 @@ from flax import nnx
 
 import quant
 from quant.matmul import api, layout
+from test_int4_matmul_triton import _check, _weight as _codes_weight, _x
 
 
 def _weight(k, n, group_size, sym, act_order=False, seed=0):
@@ -97,3 +98,35 @@ def test_quant_linear_mosaic_sharding_names_follow_the_transpose():
   prepared = quant.QuantLinear.from_linear(lin, qw, mosaic=True)
   assert prepared.qweight.get_metadata()["out_sharding"] == ("mlp", "embed")   # [N, K/4]
   assert prepared.scales.get_metadata()["out_sharding"] == (None, "mlp")
+
+
+def test_mosaic_serves_a_prepared_weight_above_64_rows_in_chunks():
+  """M > 64 on a prepared weight: 64-row chunks, one kernel call each (interpret mode), with
+  leading batch dims, bias and the gradient with respect to x."""
+  qw = _codes_weight(256, 128, group_size=64, sym=False, act_order=True)
+  mw = layout.prepare_mosaic(qw)
+  x = _x(130, 256, jnp.bfloat16, seed=5)
+  b = _x(1, 128, jnp.bfloat16, seed=6)[0]
+  y = api.int4_matmul(x.reshape(2, 65, 256), mw, bias=b, implementation="mosaic",
+                      interpret=True)
+  assert y.shape == (2, 65, 128)
+  _check(y.reshape(130, 128), x, qw, b)
+  # A plain QuantizedWeight above 64 rows is still declined (dispatch then runs Triton on it).
+  with pytest.raises(NotImplementedError, match="M <= 64"):
+    api.int4_matmul(x, qw, implementation="mosaic", interpret=True)
+  g = jax.grad(lambda x: jnp.sum(api.int4_matmul(x, mw, implementation="mosaic",
+                                                 interpret=True).astype(jnp.float32)))(x)
+  g_ref = jax.grad(lambda x: jnp.sum(api.int4_matmul(x, qw, implementation="xla")
+                                     .astype(jnp.float32)))(x)
+  np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(g_ref, np.float32),
+                             rtol=2e-2, atol=2e-2)
+
+
+def test_chunked_compiled_form_lowers_for_h200():
+  """The compiled form at M = 200 (four 64-row chunks in a loop) lowers to one Mosaic GPU
+  kernel inside the loop."""
+  from test_int4_matmul_mosaic import _lowered_text
+  qw = _codes_weight(1024, 256, group_size=128, sym=False, act_order=False)
+  mw = jax.eval_shape(layout.prepare_mosaic, qw)
+  text = _lowered_text(jax.ShapeDtypeStruct((200, 1024), jnp.bfloat16), mw, None)
+  assert text.count("mosaic_gpu") >= 1 and "while" in text
