@@ -244,7 +244,8 @@ def measure_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool)
 
 def measure_mosaic_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool) -> None:
   """What ``QuantLinear(mosaic=True)`` runs: ``quant.int4_matmul(x, mw)`` with the weight
-  prepared by ``layout.prepare_mosaic`` (default layout) and automatic dispatch."""
+  prepared by ``layout.prepare_mosaic`` (default layout) and automatic dispatch; above 64
+  rows that is the kernel on 64-row chunks."""
   fn = lambda x, mw: quant.int4_matmul(x, mw, interpret=interpret)
   block_k = layout.default_block_k(p.k, p.n, GROUP)
   row["ours_mosaic_api"] = _check_and_time(p, row["m"], fn, p.mosaic_weights(block_k),

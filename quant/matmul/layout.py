@@ -276,7 +276,7 @@ def unpack_mosaic(qweight: Int[Array, "..."], block_k: int) -> Int[Array, "Np Kp
 def to_quantized(mw: MosaicWeight) -> formats.QuantizedWeight:
   """Inverse of ``prepare_mosaic``: the same weight as a ``QuantizedWeight`` (exact; padding
   dropped; zero points back to int32). Lets the backends that read our packed format (Triton,
-  XLA) serve a prepared weight, e.g. for M > 64, where the Mosaic decode kernel declines.
+  XLA) serve a prepared weight where the Mosaic kernel declines (float32 x, not Hopper).
   Costs one XLA unpack / repack of the weight per call when used inside a jitted matmul.
 
   Example:
