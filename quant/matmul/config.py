@@ -308,6 +308,18 @@ def fit_mosaic_config(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
   return cfg
 
 
+def resolve_mosaic_config(config, *, m: int, k: int, n: int, group_size: int,
+                          asym: bool) -> MosaicConfig:
+  """The MosaicConfig for a call: the heuristic for None, else ``config`` fitted to the shape
+  (NotImplementedError for a config of another backend or one that cannot serve the shape)."""
+  if config is None:
+    return default_mosaic_config(m=m, k=k, n=n, group_size=group_size, asym=asym)
+  if not isinstance(config, MosaicConfig):
+    raise NotImplementedError(f"config of type {type(config).__name__} is not a "
+                              f"quant.matmul.config.MosaicConfig")
+  return fit_mosaic_config(config, m=m, k=k, group_size=group_size, asym=asym, n=n)
+
+
 def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool = True,
                           num_sms: int = NUM_SMS) -> MosaicConfig:
   """Heuristic MosaicConfig: widest plane the groups allow, two warpgroups sharing x, a 3-deep

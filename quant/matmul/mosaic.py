@@ -71,12 +71,11 @@ from jaxtyping import Array, Float
 
 from quant import formats
 from quant.matmul import layout, mosaic_io
-from quant.matmul.mosaic_io import (kernel_inputs, scale_rows, split_refs, weight_boxes, x_sums,
-                                    xs_rows)
-from quant.matmul.config import (MosaicConfig, default_mosaic_config, fit_mosaic_config,
-                                 mosaic_m_pad, MOSAIC_MAX_M)
+from quant.matmul.mosaic_io import (check_supported, kernel_inputs, on_hopper, scale_rows,
+                                    split_refs, weight_boxes, x_sums, xs_rows)
+from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_pad,
+                                 MOSAIC_MAX_M, resolve_mosaic_config as resolve_config)
 
-_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # 16-bit pattern of B with B + q exact for q < 16 (OR q into the mantissa), by operand dtype.
 _MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6400, 1024.0)}
 PLANES = layout.PLANES
@@ -532,34 +531,6 @@ def _body_adapter(*refs, scratch, st: Statics):
 # Public entry point
 # ----------------------------------------------------------------------------------------------
 
-def check_supported(x, qw) -> None:
-  """Raises NotImplementedError for valid calls this backend does not serve (shape-independent)."""
-  if x.dtype not in _DTYPES:
-    raise NotImplementedError(f"mosaic int4_matmul takes bfloat16 or float16 x (wgmma operands), "
-                              f"got {x.dtype}")
-  if qw.bits > 4:
-    raise NotImplementedError(f"mosaic int4_matmul supports bits <= 4, got {qw.bits}")
-
-
-def resolve_config(config, *, m: int, k: int, n: int, group_size: int,
-                   asym: bool) -> MosaicConfig:
-  """The MosaicConfig for a call: the heuristic for None, else ``config`` fitted to the shape."""
-  if config is None:
-    return default_mosaic_config(m=m, k=k, n=n, group_size=group_size, asym=asym)
-  if not isinstance(config, MosaicConfig):
-    raise NotImplementedError(f"config of type {type(config).__name__} is not a "
-                              f"quant.matmul.config.MosaicConfig")
-  return fit_mosaic_config(config, m=m, k=k, group_size=group_size, asym=asym, n=n)
-
-
-def _on_hopper() -> bool:
-  try:
-    dev = jax.devices()[0]
-  except RuntimeError:
-    return False
-  return dev.platform == "gpu" and getattr(dev, "compute_capability", "") == "9.0"
-
-
 def int4_matmul(x: Float[Array, "... K"],
                 qw: formats.QuantizedWeight | layout.MosaicWeight, *,
                 bias: Float[Array, "N"] | None = None, config: MosaicConfig | None = None,
@@ -619,7 +590,7 @@ def int4_matmul(x: Float[Array, "... K"],
   if prepared and cfg.block_k != qw.block_k:
     raise NotImplementedError(f"config.block_k={cfg.block_k} differs from the block_k="
                               f"{qw.block_k} the MosaicWeight was packed with")
-  if not interpret and not _on_hopper() and jax.default_backend() == "gpu":
+  if not interpret and not on_hopper() and jax.default_backend() == "gpu":
     raise NotImplementedError("mosaic int4_matmul needs a Hopper GPU (sm90) or interpret=True")
   mw = qw if prepared else layout.prepare_mosaic(qw, block_k=cfg.block_k)
   if mw.perm is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
@@ -101,3 +102,22 @@ def check_prepared(x, mw: layout.MosaicWeight, bias) -> None:
     raise ValueError(f"x must be [..., K={k}], got shape {getattr(x, 'shape', type(x))}")
   if bias is not None and getattr(bias, "shape", None) != (n,):
     raise ValueError(f"bias must have shape {(n,)}, got {getattr(bias, 'shape', type(bias))}")
+
+
+def check_supported(x, qw) -> None:
+  """Raises NotImplementedError for valid calls the Mosaic kernel does not serve
+  (shape-independent): x other than bf16 / f16 (wgmma operands), codes of more than 4 bits."""
+  if x.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise NotImplementedError(f"mosaic int4_matmul takes bfloat16 or float16 x (wgmma operands), "
+                              f"got {x.dtype}")
+  if qw.bits > 4:
+    raise NotImplementedError(f"mosaic int4_matmul supports bits <= 4, got {qw.bits}")
+
+
+def on_hopper() -> bool:
+  """Whether the first device is an sm90 GPU (H100 / H200)."""
+  try:
+    dev = jax.devices()[0]
+  except RuntimeError:
+    return False
+  return dev.platform == "gpu" and getattr(dev, "compute_capability", "") == "9.0"
