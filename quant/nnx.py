@@ -54,9 +54,9 @@ class QuantLinear(nnx.Module):
   ``mosaic=True`` (or a ``layout.MosaicWeight`` as ``qweight``) stores the weight in the Mosaic
   GPU decode kernel's layout (``layout.prepare_mosaic``, done once here): on Hopper, calls with
   at most 64 rows then run that kernel (2.4-2.7x faster than bf16 at M = 1 on an H200), and
-  larger ones run it on 64-row chunks. The default layout is our packed
-  format, which the compiled Mosaic kernel does not read (dispatch falls back to Triton). The
-  sharding names then apply to the transposed ``[N, K/4]`` int16 codes as ``(out, in)``.
+  larger ones run it on 64-row chunks. The default layout is our packed format, which the
+  compiled Mosaic kernel does not read (dispatch falls back to Triton). The sharding names then
+  apply to the transposed ``[N, K/4]`` int16 codes as ``(out, in)``.
 
   Example:
     >>> layer = QuantLinear(quant.rtn(w, bits=4, group_size=128), mosaic=True)
