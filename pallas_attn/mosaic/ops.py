@@ -339,7 +339,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   # that form: its P staging leaves no SMEM for it), so the grid runs instead.
   stalls = cfg.block_kv == 256
   # The persistent launch is written for two consumers (its tile hand-over); three run the grid.
-  if cfg.persistent and cfg.consumers == 2 and not has_meta and q_seg is None and not st.overlap and not stalls:
+  if (cfg.persistent and cfg.consumers == 2 and not has_meta and q_seg is None and not st.overlap
+      and not stalls):
     num_tiles = b * n * (tq // cta_q)
     # The tile counter is a fresh mutable ref, which cannot join shard_map's varying operands.
     dynamic = cfg.dynamic_schedule and not spec.is_trivial and not varying
