@@ -107,6 +107,13 @@ class Config:
       head dim 64. Not with ``overlap`` or ``persistent`` (the grid runs). The backward keeps
       two. H200 (session 10, 4x4096x32x64): 1.2079 ms with 128-key blocks against the
       default's 1.2021 (two consumers, 256 keys), 0.84x cuDNN causal against 0.94x: off.
+    exp2_poly_cols: forward: in blocks with no masked score, the first this many key columns
+      take 2^x from a degree-3 polynomial on the FMA pipe (``fastexp.exp2_poly``, relative error
+      < 8e-5, below P's bf16 rounding) instead of the MUFU unit. That unit's 16 results per clock
+      per SM make the exponentials as long as the matmuls at head dim 64 (Nsight Compute,
+      session 9: XU and tensor pipes each ~48% busy). FlashAttention-4 splits its exponentials
+      between the two units the same way. A multiple of 8 (a register tile of the wgmma layout);
+      0 (off) by default.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -131,6 +138,7 @@ class Config:
   persistent: bool = False
   dynamic_schedule: bool = False
   consumers: int = 2
+  exp2_poly_cols: int = 0
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
@@ -142,6 +150,9 @@ class Config:
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
     if self.consumers not in (2, 3):
       raise ValueError(f"Config.consumers must be 2 or 3, got {self.consumers!r}")
+    if self.exp2_poly_cols < 0 or self.exp2_poly_cols % 8:
+      raise ValueError("Config.exp2_poly_cols must be a non-negative multiple of 8, got "
+                       f"{self.exp2_poly_cols!r}")
     if self.bwd_registers not in (232, 240):
       raise ValueError(f"Config.bwd_registers must be 232 or 240, got {self.bwd_registers!r}")
     if self.backward not in BACKWARDS:

@@ -37,7 +37,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic import overlap, schedule
+from pallas_attn.mosaic import fastexp, overlap, schedule
 
 LOG2E = math.log2(math.e)
 WG_THREADS = 128
@@ -98,6 +98,7 @@ class Statics:
                                  # producer gets what is left (40 at 232, 24 at 240)
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
   consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
+  poly_cols: int = 0            # forward: columns of an unmasked block exponentiated on the FMA pipe
 
   @property
   def any_mask(self) -> bool:
@@ -355,7 +356,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), j, slot, masked)
         release_k(slot)
 
-        p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c)
+        # Unmasked blocks hold only finite scores: part of their 2^x can go to the FMA pipe.
+        p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c,
+                                            poly_cols=0 if masked else st.poly_cols)
         alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
         if st.pin_softmax and st.registers_pv:
           # All of the softmax, the row sum and O's rescale before the turn is taken (the
@@ -470,10 +473,11 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       wait_v_free(lax.rem(g, stages))
 
 
-def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
+def _softmax(s, m_prev, l_prev, dtype, c: float | None = None, *, poly_cols: int = 0):
   """One online-softmax step (FA2 Alg. 1 lines 8-10, base 2) on a block of logits ``c * s``.
 
-  ``c`` None means ``s`` is already scaled. Returns P in ``dtype``, alpha = 2^(m_prev - m_new),
+  ``c`` None means ``s`` is already scaled. ``poly_cols``: the first columns' 2^x come from
+  ``fastexp.exp2_poly`` (FMA pipe) instead of MUFU; only for blocks with no masked score. Returns P in ``dtype``, alpha = 2^(m_prev - m_new),
   m_new and l_new (m in scaled units). With c > 0, max(c s) = c max(s): the row max is scaled
   once per row and c s - m is one FMA per element. Rows that have seen no visible key keep
   m = -inf: they subtract 0 (no -inf - -inf), so P = 0 and alpha = 0 there.
@@ -483,7 +487,7 @@ def _softmax(s, m_prev, l_prev, dtype, c: float | None = None):
   m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
   alpha = jnp.exp2(m_prev - m_use)
   m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
-  p = jnp.exp2(s - m_b if c is None else s * c - m_b)
+  p = fastexp.exp2_split(s - m_b if c is None else s * c - m_b, poly_cols)
   return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
 
 
