@@ -332,7 +332,7 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = plt.subplots(figsize=(10, 5))
   shapes = sorted({(r["k"], r["n"]) for r in results})
   for (k, n), color in zip(shapes, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
     rows = [r for r in results if (r["k"], r["n"]) == (k, n)]
@@ -348,6 +348,12 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
     if pts:
       ax.plot(*zip(*pts), "-s", color=color, alpha=0.7, mfc="none",
               label=f"ours-mosaic K={k} N={n}")
+    # The prepared-weight path of QuantLinear(mosaic=True): above 64 rows, 64-row kernel calls.
+    pts = [(r["m"], r["xla_bf16"]["ms"] / r["ours_mosaic_api"]["ms"]) for r in rows
+           if "ms" in r.get("xla_bf16", {}) and "ms" in (r.get("ours_mosaic_api") or {})]
+    if pts:
+      ax.plot(*zip(*pts), "-.", color=color, lw=1.2,
+              label=f"ours via QuantLinear(mosaic=True) K={k} N={n}")
     pts = [(r["m"], r["xla_bf16"]["ms"] / r["xla_int4"]["ms"]) for r in rows
            if "ms" in r.get("xla_bf16", {}) and "ms" in r.get("xla_int4", {})]
     if pts:
@@ -362,7 +368,7 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
   methods = {r.get("ours_triton", {}).get("method") for r in results} - {None}
   how = "CUPTI kernel time" if methods == {"cupti"} else f"time: {'/'.join(sorted(methods))}"
   ax.set_title(f"W4A16 g{GROUP} asym, {meta.get('device_kind', '?')}, {how}")
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
