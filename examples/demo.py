@@ -103,7 +103,7 @@ def quant_tour():
   rel = float(jnp.mean(jnp.abs(y.astype(jnp.float32) - y_ref)) / jnp.mean(jnp.abs(y_ref)))
   print(f"int4_matmul ({impl or 'auto'}) vs x @ dequantize(qw): mean relative error {rel:.1e}")
   # Hopper decode: the weight prepared once in the Mosaic kernel's layout (QuantLinear does this
-  # with mosaic=True); on CPU the Mosaic GPU kernel runs in interpret mode.
+  # by default on Hopper); on CPU the Mosaic GPU kernel runs in interpret mode.
   from quant.matmul import layout
   mw = layout.prepare_mosaic(qw)
   impl_m = None if jax.default_backend() == "gpu" else "mosaic"

@@ -151,10 +151,11 @@ def export_model(model: nnx.Module, path: str, *, format: str = "gptq") -> dict[
 
 
 def import_model(model: nnx.Module, path: str, *, implementation: str | None = None,
-                 mosaic: bool = False) -> nnx.Module:
+                 mosaic: bool | None = None) -> nnx.Module:
   """Returns a copy of ``model`` whose linears named in the checkpoint are ``QuantLinear``s
   and whose other parameters are taken from the checkpoint. ``mosaic``: store the weights in the
-  Mosaic GPU decode kernel's layout (prepared once here; see ``QuantLinear``)."""
+  Mosaic GPU decode kernel's layout (True, prepared once here), in our packed format (False), or
+  pick per layer (None: the Mosaic layout on Hopper where it serves; see ``QuantLinear``)."""
   from quant.nnx import QuantLinear, _get, _set
   layers, tensors, _ = load_checkpoint(path)
   model = nnx.clone(model)

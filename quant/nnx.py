@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from quant import calibration, formats
 from quant.awq import awq as _awq
 from quant.gptq import gptq as _gptq, quantize_error
-from quant.matmul import int4_matmul, layout
+from quant.matmul import int4_matmul, layout, mosaic_io
 from quant.rtn import rtn as _rtn
 
 log = logging.getLogger(__name__)
@@ -51,12 +51,17 @@ class QuantLinear(nnx.Module):
   The matmul goes through ``quant.int4_matmul`` (the fused kernel on GPU when available).
   ``input_scale`` is AWQ's ``1/s`` when it could not be folded into the previous operation.
 
-  ``mosaic=True`` (or a ``layout.MosaicWeight`` as ``qweight``) stores the weight in the Mosaic
-  GPU decode kernel's layout (``layout.prepare_mosaic``, done once here): on Hopper, calls with
-  at most 64 rows then run that kernel (2.4-2.7x faster than bf16 at M = 1 on an H200), and
-  larger ones run it on 64-row chunks. The default layout is our packed format, which the
-  compiled Mosaic kernel does not read (dispatch falls back to Triton). The sharding names then
-  apply to the transposed ``[N, K/4]`` int16 codes as ``(out, in)``.
+  ``mosaic`` picks how the weight is stored. True (or a ``layout.MosaicWeight`` as ``qweight``):
+  in the Mosaic GPU decode kernel's layout (``layout.prepare_mosaic``, done once here). On Hopper,
+  calls with at most 64 rows then run that kernel, larger ones run it on 64-row chunks. False: our
+  packed format, which the compiled Mosaic kernel does not read (dispatch runs Triton). None (the
+  default): the Mosaic layout when the first device is a Hopper GPU and the layer can use it
+  (codes of <= 4 bits in groups the layout tiles; ``implementation`` None or "mosaic";
+  ``dtype`` None, bf16 or f16), else the packed format. On an H200, g128 asymmetric, the Mosaic
+  layout measured faster at every M tried: 2.5-2.7x bf16 at M <= 16 against Triton's 1.0-1.2x,
+  and 0.45 / 0.32 ms against 0.48 / 0.48 ms at M = 256 (8192x28672 / 28672x8192;
+  benchmarks/NOTES.md, session 11). With the Mosaic layout the sharding names apply to the
+  transposed ``[N, K/4]`` int16 codes as ``(out, in)``; ``quantized_weight`` converts back.
 
   Example:
     >>> layer = QuantLinear(quant.rtn(w, bits=4, group_size=128), mosaic=True)
@@ -66,12 +71,16 @@ class QuantLinear(nnx.Module):
   def __init__(self, qweight: formats.QuantizedWeight | layout.MosaicWeight, *,
                bias: jax.Array | None = None, input_scale: jax.Array | None = None,
                dtype: Any = None, implementation: str | None = None,
-               sharding: Sequence[str | None] | None = None, mosaic: bool = False):
+               sharding: Sequence[str | None] | None = None, mosaic: bool | None = None):
     if isinstance(qweight, layout.MosaicWeight):
       mosaic = True
     else:
       formats.check_quantized(qweight)
-      if mosaic:
+      if mosaic is None:
+        prepared = _auto_mosaic(qweight, implementation=implementation, dtype=dtype)
+        mosaic = prepared is not None
+        qweight = prepared if mosaic else qweight
+      elif mosaic:
         qweight = layout.prepare_mosaic(qweight)
     if mosaic:
       qweight = layout.to_row_major(qweight)     # 2-D arrays, so the sharding names apply
@@ -96,6 +105,11 @@ class QuantLinear(nnx.Module):
     self.dtype = dtype
     self.implementation = implementation
     self.mosaic_block_k = qweight.block_k if mosaic else None
+
+  @property
+  def mosaic(self) -> bool:
+    """Whether the weight is stored in the Mosaic GPU decode kernel's layout."""
+    return self.mosaic_block_k is not None
 
   @property
   def weight(self) -> formats.QuantizedWeight | layout.MosaicWeight:
@@ -127,7 +141,7 @@ class QuantLinear(nnx.Module):
   @classmethod
   def from_linear(cls, linear: nnx.Linear, qweight: formats.QuantizedWeight, *,
                   input_scale: jax.Array | None = None, implementation: str | None = None,
-                  mosaic: bool = False) -> "QuantLinear":
+                  mosaic: bool | None = None) -> "QuantLinear":
     """Wraps ``qweight`` with the bias, dtype and sharding names of ``linear``."""
     if qweight.shape != tuple(linear.kernel.shape):
       raise ValueError(f"qweight shape {qweight.shape} != kernel shape {linear.kernel.shape}")
@@ -135,6 +149,21 @@ class QuantLinear(nnx.Module):
     names = linear.kernel.get_metadata().get("out_sharding")
     return cls(qweight, bias=bias, input_scale=input_scale, dtype=linear.dtype,
                implementation=implementation, sharding=names, mosaic=mosaic)
+
+
+def _auto_mosaic(qweight: formats.QuantizedWeight, *, implementation: str | None,
+                 dtype: Any) -> layout.MosaicWeight | None:
+  """``QuantLinear(mosaic=None)``: the prepared weight when the Mosaic layout serves this layer
+  on this machine (a Hopper GPU, no other backend requested, a 16-bit activation dtype, and a
+  weight the layout can hold), else None (our packed format)."""
+  if implementation not in (None, "mosaic") or not mosaic_io.on_hopper():
+    return None
+  if dtype is not None and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return None
+  try:
+    return layout.prepare_mosaic(qweight)
+  except NotImplementedError:          # codes over 4 bits, groups the layout cannot tile
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +318,7 @@ def quantize_model(model: nnx.Module, calibration_batches: Iterable[Any], *, met
                    awq_no_clip: Sequence[str] = ("q", "k", "q_proj", "k_proj", "query", "key"),
                    exclude: Sequence[str] = ("head", "lm_head"),
                    forward: Callable[[nnx.Module, Any], Any] | None = None,
-                   implementation: str | None = None, mosaic: bool = False,
+                   implementation: str | None = None, mosaic: bool | None = None,
                    progress: bool = True) -> tuple[nnx.Module, list[LayerReport]]:
   """Quantizes every ``nnx.Linear`` of a copy of ``model``, layer by layer.
 
@@ -304,8 +333,9 @@ def quantize_model(model: nnx.Module, calibration_batches: Iterable[Any], *, met
     exclude: layer names (last path element or full dotted path) kept in full precision.
     forward: ``forward(model, batch)``; default ``model(batch)``.
     implementation: int4_matmul backend of the new layers (None: automatic).
-    mosaic: store the new layers' weights in the Mosaic GPU decode kernel's layout (see
-      ``QuantLinear``; 4-bit codes and group sizes the layout can tile).
+    mosaic: store the new layers' weights in the Mosaic GPU decode kernel's layout (True), in
+      our packed format (False), or pick per layer (None: the Mosaic layout on Hopper where the
+      layer can use it; see ``QuantLinear``).
     progress: show a tqdm progress bar.
 
   Returns:

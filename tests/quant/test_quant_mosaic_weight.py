@@ -9,6 +9,7 @@ from flax import nnx
 
 import quant
 from quant.matmul import api, layout
+from quant.matmul import mosaic_io as nnx_ops      # QuantLinear's Hopper check (patched below)
 from test_int4_matmul_triton import _check, _weight as _codes_weight, _x
 
 
@@ -75,9 +76,9 @@ def test_int4_matmul_checks_a_prepared_weight():
 def test_quant_linear_mosaic_storage_matches_default():
   lin = nnx.Linear(512, 192, rngs=nnx.Rngs(0))
   qw = quant.rtn(lin.kernel[...], group_size=128)
-  plain = quant.QuantLinear.from_linear(lin, qw)
+  plain = quant.QuantLinear.from_linear(lin, qw, mosaic=False)
   prepared = quant.QuantLinear.from_linear(lin, qw, mosaic=True)
-  assert isinstance(prepared.weight, layout.MosaicWeight)
+  assert isinstance(prepared.weight, layout.MosaicWeight) and prepared.mosaic and not plain.mosaic
   assert isinstance(plain.weight, quant.QuantizedWeight)
   np.testing.assert_array_equal(prepared.quantized_weight.qweight, qw.qweight)
   x = jax.random.normal(jax.random.key(2), (3, 512), jnp.float32)
@@ -88,6 +89,39 @@ def test_quant_linear_mosaic_storage_matches_default():
   assert direct.mosaic_block_k == layout.default_block_k(512, 192, 128)
   assert direct.qweight[...].ndim == 2                 # stored row-major (2-D, shardable)
   assert not nnx.state(prepared, nnx.Param).get("qweight")
+
+
+def test_quant_linear_default_layout_is_the_packed_format_off_hopper():
+  qw = quant.rtn(jax.random.normal(jax.random.key(0), (256, 128)), group_size=128)
+  assert not nnx_ops.on_hopper()                       # the CPU test machine
+  assert isinstance(quant.QuantLinear(qw).weight, quant.QuantizedWeight)
+
+
+@pytest.mark.parametrize("kw,want", [
+    (dict(), True),
+    (dict(dtype=jnp.bfloat16), True),
+    (dict(implementation="mosaic"), True),
+    (dict(implementation="triton"), False),          # asked for a backend that reads our format
+    (dict(dtype=jnp.float32), False),                # the Mosaic kernel takes 16-bit x only
+    (dict(bits=8), False),                           # the layout holds 4-bit codes
+    (dict(mosaic=False), False),
+], ids=["default", "bf16", "mosaic_backend", "triton_backend", "f32", "8_bit", "forced_off"])
+def test_quant_linear_default_layout_on_hopper(monkeypatch, kw, want):
+  """``mosaic=None`` on a Hopper GPU (faked here): the Mosaic layout wherever it serves the layer,
+  our packed format otherwise, never an error; both compute the same outputs."""
+  monkeypatch.setattr(nnx_ops, "on_hopper", lambda: True)
+  kw = dict(kw)
+  w = jax.random.normal(jax.random.key(0), (256, 128))
+  qw = quant.rtn(w, bits=kw.pop("bits", 4), group_size=128)
+  layer = quant.QuantLinear(qw, **kw)
+  assert layer.mosaic == want
+  assert isinstance(layer.weight, layout.MosaicWeight if want else quant.QuantizedWeight)
+  if "implementation" in kw:
+    return                            # a forced backend needs the GPU (or bf16 x in interpret)
+  x = jax.random.normal(jax.random.key(1), (2, 256), jnp.float32)
+  plain = quant.QuantLinear(qw, **{**kw, "mosaic": False})
+  np.testing.assert_allclose(np.asarray(layer(x), np.float32), np.asarray(plain(x), np.float32),
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_quant_linear_mosaic_sharding_names_follow_the_transpose():
