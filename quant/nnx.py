@@ -158,7 +158,7 @@ def _auto_mosaic(qweight: formats.QuantizedWeight, *, implementation: str | None
   weight the layout can hold), else None (our packed format)."""
   if implementation not in (None, "mosaic") or not mosaic_io.on_hopper():
     return None
-  if dtype is not None and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+  if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
     return None
   try:
     return layout.prepare_mosaic(qweight)

@@ -98,7 +98,7 @@ class Statics:
                                  # producer gets what is left (40 at 232, 24 at 240)
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
   consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
-  poly_cols: int = 0            # forward: columns of an unmasked block exponentiated on the FMA pipe
+  poly_cols: int = 0            # forward: unmasked blocks' columns exponentiated on the FMA pipe
 
   @property
   def any_mask(self) -> bool:
@@ -477,10 +477,11 @@ def _softmax(s, m_prev, l_prev, dtype, c: float | None = None, *, poly_cols: int
   """One online-softmax step (FA2 Alg. 1 lines 8-10, base 2) on a block of logits ``c * s``.
 
   ``c`` None means ``s`` is already scaled. ``poly_cols``: the first columns' 2^x come from
-  ``fastexp.exp2_poly`` (FMA pipe) instead of MUFU; only for blocks with no masked score. Returns P in ``dtype``, alpha = 2^(m_prev - m_new),
-  m_new and l_new (m in scaled units). With c > 0, max(c s) = c max(s): the row max is scaled
-  once per row and c s - m is one FMA per element. Rows that have seen no visible key keep
-  m = -inf: they subtract 0 (no -inf - -inf), so P = 0 and alpha = 0 there.
+  ``fastexp.exp2_poly`` (FMA pipe) instead of MUFU; only for blocks with no masked score.
+  Returns P in ``dtype``, alpha = 2^(m_prev - m_new), m_new and l_new (m in scaled units).
+  With c > 0, max(c s) = c max(s): the row max is scaled once per row and c s - m is one FMA
+  per element. Rows that have seen no visible key keep m = -inf: they subtract 0 (no -inf -
+  -inf), so P = 0 and alpha = 0 there.
   """
   row_max = s.max(axis=1) if c is None else s.max(axis=1) * c
   m_new = jnp.maximum(m_prev, row_max)
