@@ -113,7 +113,12 @@ class Config:
       per SM make the exponentials as long as the matmuls at head dim 64 (Nsight Compute,
       session 9: XU and tensor pipes each ~48% busy). FlashAttention-4 splits its exponentials
       between the two units the same way. A multiple of 8 (a register tile of the wgmma layout);
-      0 (off) by default.
+      0 (off) by default. H200 (session 11): 1-7% slower at head dims 64, 128 and 256, so off.
+    sum_in_pv: forward: P's row sum (one FADD per score, ~1 of the softmax's ~4.8 instructions
+      per score at head dim 64) is computed after the P V wgmma is issued, inside its scope, so
+      it runs under the matmul instead of before the consumer's tensor-core turn (the order of
+      tokamax's sm90 step). Same sum of the same float32 P: bitwise the same output. Not with
+      ``overlap`` (its own loop). Not yet measured: off.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -139,6 +144,7 @@ class Config:
   dynamic_schedule: bool = False
   consumers: int = 2
   exp2_poly_cols: int = 0
+  sum_in_pv: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

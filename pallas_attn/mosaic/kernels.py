@@ -99,6 +99,7 @@ class Statics:
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
   consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
   poly_cols: int = 0            # forward: unmasked blocks' columns exponentiated on the FMA pipe
+  sum_in_pv: bool = False       # forward: P's row sum computed after the P V wgmma is issued
 
   @property
   def any_mask(self) -> bool:
@@ -357,8 +358,15 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         release_k(slot)
 
         # Unmasked blocks hold only finite scores: part of their 2^x can go to the FMA pipe.
-        p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c,
-                                            poly_cols=0 if masked else st.poly_cols)
+        poly = 0 if masked else st.poly_cols
+        if st.sum_in_pv:
+          # The row sum of P waits for the P V issue (below), so its FADDs run while the
+          # tensor cores multiply instead of lengthening the softmax before the turn.
+          p, alpha, m_new = _exp_block(s, m_prev, c, poly_cols=poly)
+          p16, l_new = p.astype(q_smem.dtype), None
+        else:
+          p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c, poly_cols=poly)
+        row_sum = lambda: l_prev * alpha + p.sum(axis=1)
         alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
         if st.pin_softmax and st.registers_pv:
           # All of the softmax, the row sum and O's rescale before the turn is taken (the
@@ -369,12 +377,19 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         # Softmax done: wait for V and for our tensor-core turn.
         turn_begin(lambda: plgpu.barrier_wait(v_ready.at[slot]))
         if st.registers_pv:
-          def pv(acc_ref):
+          def pv(refs):
+            acc_ref, l_ref = refs if st.sum_in_pv else (refs, None)
             plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+            if st.sum_in_pv:
+              l_ref[...] = row_sum()
             # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is
             # waited on only when the scope closes.
             wait_next_k()
-          acc = pl.run_state(pv)(plgpu.ACC.init(acc if alpha_o is None else acc * alpha_o))
+          init = plgpu.ACC.init(acc if alpha_o is None else acc * alpha_o)
+          if st.sum_in_pv:
+            acc, l_new = pl.run_state(pv)((init, l_prev))
+          else:
+            acc = pl.run_state(pv)(init)
         else:
           p_smem = p_smem2.at[wg]
           p_smem[...] = p16
@@ -384,6 +399,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
             plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
             return acc_ref[...]
           acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+          l_new = row_sum() if st.sum_in_pv else l_new
           wait_next_k()
         release_v(slot)
         return acc, m_new, l_new
@@ -476,12 +492,21 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 def _softmax(s, m_prev, l_prev, dtype, c: float | None = None, *, poly_cols: int = 0):
   """One online-softmax step (FA2 Alg. 1 lines 8-10, base 2) on a block of logits ``c * s``.
 
-  ``c`` None means ``s`` is already scaled. ``poly_cols``: the first columns' 2^x come from
-  ``fastexp.exp2_poly`` (FMA pipe) instead of MUFU; only for blocks with no masked score.
-  Returns P in ``dtype``, alpha = 2^(m_prev - m_new), m_new and l_new (m in scaled units).
+  ``c`` None means ``s`` is already scaled. ``poly_cols``: see ``_exp_block``. Returns P in
+  ``dtype``, alpha = 2^(m_prev - m_new), m_new and l_new = alpha l_prev + rowsum(P) (m in
+  scaled units).
+  """
+  p, alpha, m_new = _exp_block(s, m_prev, c, poly_cols=poly_cols)
+  return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
+
+
+def _exp_block(s, m_prev, c: float | None = None, *, poly_cols: int = 0):
+  """The softmax step without its row sum: (P in float32, alpha, m_new).
+
   With c > 0, max(c s) = c max(s): the row max is scaled once per row and c s - m is one FMA
   per element. Rows that have seen no visible key keep m = -inf: they subtract 0 (no -inf -
-  -inf), so P = 0 and alpha = 0 there.
+  -inf), so P = 0 and alpha = 0 there. ``poly_cols``: the first columns' 2^x come from
+  ``fastexp.exp2_poly`` (FMA pipe) instead of MUFU; only for blocks with no masked score.
   """
   row_max = s.max(axis=1) if c is None else s.max(axis=1) * c
   m_new = jnp.maximum(m_prev, row_max)
@@ -489,7 +514,7 @@ def _softmax(s, m_prev, l_prev, dtype, c: float | None = None, *, poly_cols: int
   alpha = jnp.exp2(m_prev - m_use)
   m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
   p = fastexp.exp2_split(s - m_b if c is None else s * c - m_b, poly_cols)
-  return p.astype(dtype), alpha, m_new, l_prev * alpha + p.sum(axis=1)
+  return p, alpha, m_new
 
 
 def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int,

@@ -330,7 +330,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
       pin_softmax=cfg.pin_softmax,
       named_free=cfg.named_free and not interpret and not cfg.overlap,
-      consumers=cfg.consumers, poly_cols=min(cfg.exp2_poly_cols, cfg.block_kv))
+      consumers=cfg.consumers, poly_cols=min(cfg.exp2_poly_cols, cfg.block_kv),
+      sum_in_pv=cfg.sum_in_pv)
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   # Compiled, the persistent loop with 256-key blocks never returns on the H200 (H = 64, full

@@ -1,0 +1,65 @@
+"""Mosaic forward with P's row sum inside the P V wgmma scope (``Config.sum_in_pv``).
+
+The same float32 sum of the same P, only later in the step: the outputs must be bitwise those of
+the default in interpret mode (masked and unmasked blocks, segments, kv_lengths, GQA). The
+compiled form (the sum between the P V issue and its wait) is lowered for sm90 on CPU.
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_attn import flash_attention
+from pallas_attn.mosaic import Config, default_config, ops
+
+
+def _inputs(b, t, s, n, kh, h, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  shapes = ((b, t, n, h), (b, s, kh, h), (b, s, kh, h))
+  return tuple(jax.random.normal(kk, sh, jnp.bfloat16) for kk, sh in zip(keys, shapes))
+
+
+@pytest.mark.parametrize("t,s,h,kw", [
+    (256, 256, 64, dict()),
+    (200, 300, 64, dict(causal=True)),
+    (130, 190, 128, dict(window=(70, 20), softcap=15.0, kv_lengths=True)),
+    (160, 150, 64, dict(segments=True)),
+], ids=["full", "causal", "window_softcap_kvlen_h128", "segments"])
+def test_sum_in_pv_is_bitwise_the_default_in_interpret_mode(t, s, h, kw):
+  b = 2
+  q, k, v = _inputs(b, t, s, 4, 2, h)
+  kw = dict(kw)
+  if kw.pop("kv_lengths", False):
+    kw["kv_lengths"] = jnp.array([s, s // 2 + 3], jnp.int32)
+  if kw.pop("segments", False):
+    pos_q, pos_k = jnp.arange(t), jnp.arange(s)
+    kw["q_segment_ids"] = jnp.stack([pos_q // 60, pos_q // 45]).astype(jnp.int32)
+    kw["kv_segment_ids"] = jnp.stack([pos_k // 60, pos_k // 45]).astype(jnp.int32)
+  run = lambda cfg: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                    interpret=True, return_lse=True, **kw)
+  out, lse = run(Config(block_kv=64, sum_in_pv=True))
+  base_out, base_lse = run(Config(block_kv=64))
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(base_out, np.float32))
+  np.testing.assert_array_equal(np.asarray(lse), np.asarray(base_lse))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal_pinned"])
+def test_sum_in_pv_lowers_for_sm90(causal):
+  """Compiled: the sum moves inside the P V scope (with ``pin_softmax`` on for the masked call,
+  whose barrier then carries no row sum)."""
+  b, t, n, h = 1, 1024, 2, 64
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+  base = default_config(head_dim=h, seq_k=t, masked=causal)
+  assert base.pin_softmax == causal
+
+  def lowered(on):
+    cfg = dataclasses.replace(base, sum_in_pv=on)
+    fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
+                            softcap=None, cfg=cfg, hp=h, interpret=False)
+    return jax.jit(fwd).trace(q, q, q, None, None, None).lower(
+        lowering_platforms=("cuda",)).as_text()
+  moved, default = lowered(True), lowered(False)
+  assert "flash_attention_fwd" in moved and moved != default
