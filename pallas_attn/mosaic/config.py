@@ -62,7 +62,8 @@ class Config:
       H200: +1-5% on every forward row of the grid (benchmarks/NOTES.md, session 4).
     named_barriers: the consumers' ping-pong on two hardware named barriers (``bar.arrive`` to
       hand the tensor cores over, ``bar.sync`` to take them) instead of an mbarrier rendezvous.
-      Compiled only (PTX); interpret mode keeps the mbarrier. Ignored with ``overlap``.
+      Compiled only (PTX); interpret mode keeps the mbarrier. With ``overlap`` too (its turns
+      then follow the same protocol; that form has not run on a GPU yet: session 11).
       H200: +1-3% alone, +4-7% together with ``fold_scale``.
     early_k_wait: wait for the next K block inside the P V wgmma scope, while P V runs.
       H200 (with no_auto_barriers): -2% to +3% depending on the row, so off.

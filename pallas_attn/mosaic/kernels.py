@@ -251,7 +251,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
   # for the one before it), and consumers 0 .. nc - 2 end with one signal more than they
   # wait, so every barrier sees as many arrives as syncs.
   sched = schedule_bar(nc)
-  if st.named_barriers and not st.overlap:
+  if st.named_barriers:
     turn_end = lambda: named_barrier("arrive", sched + lax.rem(wg + 1, nc), 2 * WG_THREADS)
     sync = lambda: named_barrier("sync", sched + wg, 2 * WG_THREADS)
 
@@ -405,10 +405,13 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         return acc, m_new, l_new
 
       if st.overlap:
+        # Named barriers: the overlapped turns are (sync own, issue, arrive next) like the plain
+        # loop's, so the start / end offsets above keep the counts balanced.
+        named = (sync, turn_end) if st.named_barriers else None
         carry = overlap.overlapped_loop(
             carry, lo=lo, lo_full=lo_full, hi_full=hi_full, hi=hi, logits=logits,
             softmax=_softmax, schedule_barrier=schedule_barrier, q_smem=q_smem, k_smem=k_smem,
-            v_smem=v_smem, bars=(k_ready, v_ready, k_free, v_free), st=st)
+            v_smem=v_smem, bars=(k_ready, v_ready, k_free, v_free), st=st, named=named)
       elif st.any_mask:
         carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
         carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)

@@ -12,20 +12,32 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 
 def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedule_barrier,
-                    q_smem, k_smem, v_smem, bars, st):
+                    q_smem, k_smem, v_smem, bars, st, named=None):
   """The consumer's K/V loop with intra-warpgroup overlap (FA3 Section 3.2, Algorithm 2).
 
   The softmax of block j + 1 runs while the tensor cores still compute P_j V_j: each turn issues
   S_{j+1} = Q K_{j+1}^T and then O += P_j V_j (two wgmma groups), waits only for the first
   (``wgmma_wait(1)``), and does the masking and online softmax of S_{j+1} before the second is
   waited for. P_j stays in registers, so this is the compiled form only (``registers_pv``).
-  The two consumers still take turns on the tensor cores (one ``schedule_barrier`` before and
-  one after each turn's issues, as in the plain loop). Returns (O, m, l) like the plain loop.
+  The two consumers still take turns on the tensor cores: by default one ``schedule_barrier``
+  (an mbarrier rendezvous of both) before and one after each turn's issues. ``named``:
+  ``(sync_own, arrive_next)`` on hardware named barriers instead (FA3 Section 3.1), the plain
+  loop's protocol: the first turn only hands over (its issue is Q K^T alone), every later turn
+  is sync - issue - arrive, and the last one (P V alone) does not hand over, so each consumer
+  syncs and arrives once per K/V block, and the caller's one-turn offset (consumer 1 syncs
+  first, consumer 0 arrives last) balances the two barriers. Returns (O, m, l) like the plain
+  loop.
   """
   k_ready, v_ready, k_free, v_free = bars
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   dtype = q_smem.dtype
   acc, m, l = carry
+  if named is None:
+    begin = end = schedule_barrier
+    lead_in = last_handover = True
+  else:
+    begin, end = named
+    lead_in = last_handover = False
   wgmma_tile = lambda x, dt: plgpu.layout_cast(jnp.zeros((bq, bkv), dt) + x, plgpu.Layout.WGMMA)
   # Loop state: O before block j's rescale, m_j, l_j, P_j (registers, wgmma's A operand), alpha_j.
   state = (acc, m, l, wgmma_tile(0, dtype), l * 0.0)
@@ -33,12 +45,13 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
 
   def first(state):                     # block lo: S_lo and its softmax, nothing to multiply yet
     acc, m, l, _, _ = state
-    schedule_barrier()
+    if lead_in:
+      begin()
     plgpu.barrier_wait(k_ready.at[0])
 
     def qk(acc_ref):
       plgpu.wgmma(acc_ref, q_smem, k_smem.at[0].transpose((1, 0)))
-      schedule_barrier()
+      end()
       return acc_ref[...]
     s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), lo, 0, st.any_mask)
     plgpu.barrier_arrive(k_free.at[0])
@@ -48,7 +61,7 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
   def step(jn, state, masked: bool):    # issue S_jn and P_{jn-1} V_{jn-1}; softmax of S_jn
     acc, m, l, p16, alpha = state
     slot_n, slot_c = lax.rem(jn - lo, stages), lax.rem(jn - 1 - lo, stages)
-    schedule_barrier()                  # our turn on the tensor cores
+    begin()                             # our turn on the tensor cores
     plgpu.barrier_wait(k_ready.at[slot_n])
     plgpu.barrier_wait(v_ready.at[slot_c])
 
@@ -56,7 +69,7 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
       o_ref, s_ref, m_ref, l_ref, p_ref, a_ref = refs
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot_n].transpose((1, 0)))
       plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
-      schedule_barrier()                # the other consumer's turn
+      end()                             # the other consumer's turn
       plgpu.wgmma_wait(1)               # S_jn is done; P V may still run
       s, c = logits(plgpu.wgmma_accumulator_load(s_ref, wait_n=None), jn, slot_n, masked)
       plgpu.barrier_arrive(k_free.at[slot_n])
@@ -72,12 +85,13 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
   def last(state):                      # P_{hi-1} V_{hi-1}
     acc, m, l, p16, alpha = state
     slot_c = lax.rem(hi - 1 - lo, stages)
-    schedule_barrier()
+    begin()
     plgpu.barrier_wait(v_ready.at[slot_c])
 
     def pv(o_ref):
       plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
-      schedule_barrier()
+      if last_handover:
+        end()
     acc = pl.run_state(pv)(plgpu.ACC.init(acc * bcast(alpha, acc)))
     plgpu.barrier_arrive(v_free.at[slot_c])
     return acc, m, l, p16, alpha

@@ -125,7 +125,8 @@ LOWER_CASES = [
 
 TUNED = dict(fold_scale=True, named_barriers=True, early_k_wait=True, no_auto_barriers=True,
              computed_ranges=True, persistent=True)
-FORMS = {"plain": dict(), "overlap": dict(overlap=True), "tuned": TUNED,
+FORMS = {"plain": dict(), "overlap": dict(overlap=True),
+         "overlap_rendezvous": dict(overlap=True, named_barriers=False), "tuned": TUNED,
          "pinned": dict(pin_softmax=True), "named_free": dict(named_free=True, persistent=True)}
 
 
@@ -147,6 +148,21 @@ def test_compiled_form_lowers_for_sm90(h, kw, form):
   text = lowered.as_text()
   assert "mosaic_gpu" in text                        # one Mosaic GPU custom call
   assert "flash_attention_fwd" in text               # named for profiles
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "rendezvous"])
+def test_overlapped_loop_takes_named_barrier_turns(named):
+  """``overlap`` with ``named_barriers``: the turns are bar.sync / bar.arrive over both consumer
+  warpgroups (256 threads), as in the plain loop; without, the mbarrier rendezvous."""
+  b, t, n, h = 1, 1024, 2, 64
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t), overlap=True, block_kv=128,
+                            named_barriers=named)
+  fwd = functools.partial(ops._forward, causal=False, scale=h ** -0.5, window=None,
+                          softcap=None, cfg=cfg, hp=h, interpret=False)
+  text = jax.jit(fwd).trace(q, q, q, None, None, None).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert ("bar.sync $0, 256" in text and "bar.arrive $0, 256" in text) == named
 
 
 BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128, bwd_num_stages=3),
