@@ -1,0 +1,23 @@
+# The H=64 forward variants written in session 11 (NOTES, "two H = 64 forward variants"): one
+# Mosaic forward config per process under a timeout (the named-barrier overlap has never run on a
+# GPU), cuDNN in the same process. Run on the GPU machine from the repository root; writes
+# $OUT/h64.jsonl and $OUT/h64.log and prints one line per config.
+#   bash benchmarks/run_h64_variants.sh [seconds per config, default 45]
+source benchmarks/setup_gpu.sh >/dev/null 2>&1
+limit="${1:-45}"
+out="${OUT:-/tmp}"
+one() {
+  echo "=== $*" >> "$out/h64.log"
+  timeout -k 5 "$limit" python3 benchmarks/mosaic_one.py "$@" --cudnn --out "$out/h64.jsonl" \
+      >> "$out/h64.log" 2>&1 || echo "rc=$? $*" | tee -a "$out/h64.log"
+}
+for mask in "" --causal; do
+  for f in "" sum_in_pv=True "overlap=True,block_kv=128" \
+           "overlap=True,block_kv=128,named_barriers=False"; do
+    one --shape 4x4096x32x64 $mask --fields "$f"
+  done
+done
+cat "$out/h64.jsonl" 2>/dev/null | python3 -c "
+import json,sys
+for l in sys.stdin:
+  r=json.loads(l); print(r['shape'], r['causal'], r['fields'] or 'default', round(r['ms'],4), round(r.get('cudnn_ms',0),4), round(r.get('speedup_vs_cudnn',0),3), r['rel_err'])"
