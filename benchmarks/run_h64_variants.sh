@@ -17,6 +17,12 @@ for mask in "" --causal; do
     one --shape 4x4096x32x64 $mask --fields "$f"
   done
 done
+# Causal: the persistent launch with the dynamic tile counter (+6% on causal H=128 rows, session
+# 7) has never run at H=64, where 256-key blocks hang in the persistent loop: 128-key blocks.
+for f in "persistent=True,dynamic_schedule=True,block_kv=128" \
+         "persistent=True,dynamic_schedule=True,block_kv=128,sum_in_pv=True"; do
+  one --shape 4x4096x32x64 --causal --fields "$f"
+done
 cat "$out/h64.jsonl" 2>/dev/null | python3 -c "
 import json,sys
 for l in sys.stdin:
