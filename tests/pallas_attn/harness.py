@@ -230,6 +230,21 @@ def mask_kwargs(case: Case, x: Inputs) -> dict[str, Any]:
               kv_lengths=x.kv_lengths)
 
 
+def flag_kwargs(kw: dict[str, Any], *, t: int, s: int,
+                segment_lengths: tuple[int, int] = (100, 70)) -> dict[str, Any]:
+  """flash_attention keyword arguments from a small test's flags, for a batch of two:
+  ``kv_lengths=True`` -> lengths (s, s // 2 + 3); ``segments=True`` -> packed segments of
+  ``segment_lengths`` positions in rows 0 and 1. Other entries pass through."""
+  kw = dict(kw)
+  if kw.pop("kv_lengths", False):
+    kw["kv_lengths"] = jnp.array([s, s // 2 + 3], jnp.int32)
+  if kw.pop("segments", False):
+    pos_q, pos_k = jnp.arange(t), jnp.arange(s)
+    kw["q_segment_ids"] = jnp.stack([pos_q // n for n in segment_lengths]).astype(jnp.int32)
+    kw["kv_segment_ids"] = jnp.stack([pos_k // n for n in segment_lengths]).astype(jnp.int32)
+  return kw
+
+
 def visible(case: Case, x: Inputs) -> np.ndarray:
   """Boolean [B, T, S] visibility from the reference's mask."""
   return np.asarray(reference.visible_mask(

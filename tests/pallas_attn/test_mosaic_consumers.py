@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import harness as H
 from pallas_attn import flash_attention, reference
 from pallas_attn.mosaic import Config, default_config, kernels, ops
 
@@ -58,13 +59,7 @@ def test_barrier_ids_stay_clear_of_mosaic_and_each_other():
 def test_three_consumers_match_reference_in_interpret_mode(t, s, n, kh, h, kw):
   b = 2
   q, k, v = _inputs(b, t, s, n, kh, h)
-  kw = dict(kw)
-  if kw.pop("kv_lengths", False):
-    kw["kv_lengths"] = jnp.array([s, s // 2 + 3], jnp.int32)
-  if kw.pop("segments", False):
-    pos_q, pos_k = jnp.arange(t), jnp.arange(s)
-    kw["q_segment_ids"] = jnp.stack([pos_q // 100, pos_q // 70]).astype(jnp.int32)
-    kw["kv_segment_ids"] = jnp.stack([pos_k // 100, pos_k // 70]).astype(jnp.int32)
+  kw = H.flag_kwargs(kw, t=t, s=s)
   cfg = Config(block_kv=64, consumers=3)
   out = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True, **kw)
   ref_kw = {key: val for key, val in kw.items()}

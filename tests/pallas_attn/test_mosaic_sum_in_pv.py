@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import harness as H
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config, ops
 
@@ -31,13 +32,7 @@ def _inputs(b, t, s, n, kh, h, seed=0):
 def test_sum_in_pv_is_bitwise_the_default_in_interpret_mode(t, s, h, kw):
   b = 2
   q, k, v = _inputs(b, t, s, 4, 2, h)
-  kw = dict(kw)
-  if kw.pop("kv_lengths", False):
-    kw["kv_lengths"] = jnp.array([s, s // 2 + 3], jnp.int32)
-  if kw.pop("segments", False):
-    pos_q, pos_k = jnp.arange(t), jnp.arange(s)
-    kw["q_segment_ids"] = jnp.stack([pos_q // 60, pos_q // 45]).astype(jnp.int32)
-    kw["kv_segment_ids"] = jnp.stack([pos_k // 60, pos_k // 45]).astype(jnp.int32)
+  kw = H.flag_kwargs(kw, t=t, s=s, segment_lengths=(60, 45))
   run = lambda cfg: flash_attention(q, k, v, implementation="mosaic", config=cfg,
                                     interpret=True, return_lse=True, **kw)
   out, lse = run(Config(block_kv=64, sum_in_pv=True))
