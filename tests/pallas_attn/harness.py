@@ -245,6 +245,18 @@ def flag_kwargs(kw: dict[str, Any], *, t: int, s: int,
   return kw
 
 
+def lower_mosaic_forward(cfg, *, h: int = 64, t: int = 1024, n: int = 2,
+                         causal: bool = False) -> str:
+  """The compiled (sm90) Mosaic forward of a [1, t, n, h] bf16 self-attention call with ``cfg``,
+  lowered on CPU, as text: for tests of what a Config field puts in the kernel."""
+  from pallas_attn.mosaic import ops  # pylint: disable=import-outside-toplevel
+  q = jax.ShapeDtypeStruct((1, t, n, h), jnp.bfloat16)
+  fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
+                          softcap=None, cfg=cfg, hp=h, interpret=False)
+  return jax.jit(fwd).trace(q, q, q, None, None, None).lower(
+      lowering_platforms=("cuda",)).as_text()
+
+
 def visible(case: Case, x: Inputs) -> np.ndarray:
   """Boolean [B, T, S] visibility from the reference's mask."""
   return np.asarray(reference.visible_mask(

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax._src import mesh as mesh_lib
 
+import harness as H
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config, kernels, ops
 from pallas_attn.mosaic.config import padded_head_dim
@@ -154,14 +155,9 @@ def test_compiled_form_lowers_for_sm90(h, kw, form):
 def test_overlapped_loop_takes_named_barrier_turns(named):
   """``overlap`` with ``named_barriers``: the turns are bar.sync / bar.arrive over both consumer
   warpgroups (256 threads), as in the plain loop; without, the mbarrier rendezvous."""
-  b, t, n, h = 1, 1024, 2, 64
-  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
-  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t), overlap=True, block_kv=128,
+  cfg = dataclasses.replace(default_config(head_dim=64, seq_k=1024), overlap=True, block_kv=128,
                             named_barriers=named)
-  fwd = functools.partial(ops._forward, causal=False, scale=h ** -0.5, window=None,
-                          softcap=None, cfg=cfg, hp=h, interpret=False)
-  text = jax.jit(fwd).trace(q, q, q, None, None, None).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = H.lower_mosaic_forward(cfg)
   assert ("bar.sync $0, 256" in text and "bar.arrive $0, 256" in text) == named
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import harness as H
 from pallas_attn import flash_attention, reference
-from pallas_attn.mosaic import Config, default_config, kernels, ops
+from pallas_attn.mosaic import Config, default_config, kernels
 
 
 def _inputs(b, t, s, n, kh, h, seed=0):
@@ -94,14 +94,9 @@ def test_three_consumer_forward_feeds_the_backward_in_interpret_mode():
 def test_three_consumers_lower_for_sm90(causal):
   """Compiled form: four warpgroups, the 160 / 32 register split and a ping-pong ring on three
   named barriers of two warpgroups' threads each."""
-  b, t, n, h = 1, 1024, 2, 64
-  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
-  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=causal), block_kv=128,
+  cfg = dataclasses.replace(default_config(head_dim=64, seq_k=1024, masked=causal), block_kv=128,
                             consumers=3)
-  fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
-                          softcap=None, cfg=cfg, hp=h, interpret=False)
-  text = jax.jit(fwd).trace(q, q, q, None, None, None).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = H.lower_mosaic_forward(cfg, causal=causal)
   assert "flash_attention_fwd" in text
   assert "bar.sync $0, 256" in text and "bar.arrive $0, 256" in text
   assert "setmaxnreg.inc.sync.aligned.u32 160;" in text

@@ -5,15 +5,15 @@ with part of its exponentials on the polynomial runs in interpret mode against t
 against the same forward without it; the compiled form is lowered for sm90 on CPU.
 """
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import harness as H
 from pallas_attn import flash_attention, reference
-from pallas_attn.mosaic import Config, default_config, fastexp, ops
+from pallas_attn.mosaic import Config, default_config, fastexp
 
 
 def _rel_err(out, ref):
@@ -87,17 +87,10 @@ def test_forward_with_poly_exponentials_matches_reference_in_interpret_mode(t, s
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_poly_exponentials_lower_for_sm90(causal):
   """Compiled form: the column split is a register slice of the wgmma layout (8-column tiles),
-  so it must lower; the polynomial's integer shift shows up as ``shli``."""
-  b, t, n, h = 1, 1024, 2, 64
-  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
-  base = default_config(head_dim=h, seq_k=t, masked=causal)
-
-  def lowered(cols):
-    cfg = dataclasses.replace(base, exp2_poly_cols=cols)
-    fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
-                            softcap=None, cfg=cfg, hp=h, interpret=False)
-    return jax.jit(fwd).trace(q, q, q, None, None, None).lower(
-        lowering_platforms=("cuda",)).as_text()
+  so it must lower, and it must change the kernel."""
+  base = default_config(head_dim=64, seq_k=1024, masked=causal)
+  lowered = lambda cols: H.lower_mosaic_forward(
+      dataclasses.replace(base, exp2_poly_cols=cols), causal=causal)
   with_poly, without = lowered(64), lowered(0)
   assert "flash_attention_fwd" in with_poly
   assert with_poly != without

@@ -5,7 +5,6 @@ the default in interpret mode (masked and unmasked blocks, segments, kv_lengths,
 compiled form (the sum between the P V issue and its wait) is lowered for sm90 on CPU.
 """
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ import pytest
 
 import harness as H
 from pallas_attn import flash_attention
-from pallas_attn.mosaic import Config, default_config, ops
+from pallas_attn.mosaic import Config, default_config
 
 
 def _inputs(b, t, s, n, kh, h, seed=0):
@@ -45,16 +44,9 @@ def test_sum_in_pv_is_bitwise_the_default_in_interpret_mode(t, s, h, kw):
 def test_sum_in_pv_lowers_for_sm90(causal):
   """Compiled: the sum moves inside the P V scope (with ``pin_softmax`` on for the masked call,
   whose barrier then carries no row sum)."""
-  b, t, n, h = 1, 1024, 2, 64
-  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
-  base = default_config(head_dim=h, seq_k=t, masked=causal)
+  base = default_config(head_dim=64, seq_k=1024, masked=causal)
   assert base.pin_softmax == causal
-
-  def lowered(on):
-    cfg = dataclasses.replace(base, sum_in_pv=on)
-    fwd = functools.partial(ops._forward, causal=causal, scale=h ** -0.5, window=None,
-                            softcap=None, cfg=cfg, hp=h, interpret=False)
-    return jax.jit(fwd).trace(q, q, q, None, None, None).lower(
-        lowering_platforms=("cuda",)).as_text()
+  lowered = lambda on: H.lower_mosaic_forward(dataclasses.replace(base, sum_in_pv=on),
+                                              causal=causal)
   moved, default = lowered(True), lowered(False)
   assert "flash_attention_fwd" in moved and moved != default
