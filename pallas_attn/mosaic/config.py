@@ -118,8 +118,9 @@ class Config:
     sum_in_pv: forward: P's row sum (one FADD per score, ~1 of the softmax's ~4.8 instructions
       per score at head dim 64) is computed after the P V wgmma is issued, inside its scope, so
       it runs under the matmul instead of before the consumer's tensor-core turn (the order of
-      tokamax's sm90 step). Same sum of the same float32 P: bitwise the same output. Not with
-      ``overlap`` (its own loop). Not yet measured: off.
+      tokamax's sm90 step). Same sum of the same float32 P: bitwise the same output in
+      interpret mode (tests; compiled, not yet compared). Not with ``overlap`` (its own loop).
+      Not yet measured: off.
   """
   block_q: int = 64
   block_kv: int = 128
