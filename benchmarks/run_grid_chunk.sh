@@ -9,6 +9,7 @@ out="${OUT:-/tmp}"
 list=$(ls benchmarks/results/attention/*_grid_not_run.txt | sort | tail -1)
 set -f
 ids=$(head -n "$count" "$list")
+if [ -z "$ids" ]; then echo "nothing left to run in $list" | tee "$out/grid.log"; exit 0; fi
 timeout -k 5 "${GRID_TIMEOUT_S:-560}" python3 -m pytest -v -p no:cacheprovider -n "$workers" -m gpu \
   --durations=0 $ids > "$out/grid.log" 2>&1
 echo "rc=$? from $list" | tee -a "$out/grid.log"

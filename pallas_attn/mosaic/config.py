@@ -185,7 +185,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
   different lengths leaves SMs idle (5-50% slower), so masked calls take the persistent launch
   only with the dynamic tile counter (``dynamic_schedule``), and only up to 4096 keys (measured
-  there: 6-18% faster than one CTA per tile). Only at head dim 128 (see the comment below).
+  there: 6-18% faster than one CTA per tile). Only at head dim 128, and for masked calls at
+  head dim 64 with 1025-4096 keys (see the comment below).
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
@@ -208,13 +209,18 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # forward 0.1707 -> 0.1442 ms at 16x1024x16x128 and 0.4535 -> 0.4281 at 4x4096x16x128 (cuDNN
   # 0.1524 / 0.4632; H200, session 7). Longer causal rows were 1.4% slower with the counter in
   # the older, L2-hostile order and are not yet re-measured: they keep the grid.
-  # Head dims other than 128 keep one CTA per tile: the persistent launch has never completed
-  # a compiled run at scale there. Three H200 runs (sessions 5 and 7) that reached the
-  # 4x4096x32x64 row stalled on our first forward (no result for 150-240 s, where a row takes
-  # 10-20 s), while the small H=64 cases of the compiled test suite (one tile per CTA) pass.
-  # Suspected hang, not yet located (benchmarks/NOTES.md, session 7).
+  # Other head dims keep one CTA per tile, with one measured exception. The persistent loop
+  # with 256-key blocks hangs compiled (H = 64, session 8; ops._forward runs the grid then), and
+  # with 128-key blocks it is no faster than the grid with 256 on the unmasked H = 64 row. On
+  # the causal 4x4096x32x64 row, 128-key blocks with the dynamic tile counter made the forward
+  # 0.6708 -> 0.6222 ms (cuDNN 0.6295, 1.012x; H200, session 12). Measured at 4096 keys only,
+  # so shorter key sequences (whose compiled grid tests ran the grid) keep the grid until timed.
+  # At H = 256, Q and O do not fit next to the ring, so a persistent request runs the grid.
   short = seq_k <= 4096
-  persistent_ok = hp == 128
+  causal_h64 = hp == 64 and masked and 1024 < seq_k <= 4096
+  if causal_h64:
+    block_kv = 128
+  persistent_ok = hp == 128 or causal_h64
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 persistent=persistent_ok and (not masked or short),
                 dynamic_schedule=persistent_ok and masked and short,
