@@ -32,6 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import timing  # noqa: E402
 from mosaic_ab import parse_fields  # noqa: E402
 from pallas_attn import flash_attention, reference  # noqa: E402
+from pallas_attn.mosaic import ops as mosaic_ops  # noqa: E402
 from pallas_attn.mosaic.config import default_config  # noqa: E402
 
 
@@ -43,12 +44,17 @@ def main() -> int:
   ap.add_argument("--out", default=None, help="JSON-lines file to append the result to")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--cudnn", action="store_true", help="also time cuDNN's forward, same inputs")
+  ap.add_argument("--probe-stall", action="store_true",
+                  help="let a persistent config run with 256-key blocks (hangs compiled in "
+                       "session 8: use under a timeout)")
   args = ap.parse_args()
+  if args.probe_stall:
+    mosaic_ops.STALLING_BLOCK_KV = ()
   b, t, n, h = (int(x) for x in args.shape.split("x"))
   cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=args.causal),
                             **parse_fields(args.fields))
   result = dict(shape=[b, t, n, h], causal=args.causal, fields=args.fields,
-                config=dataclasses.asdict(cfg))
+                config=dataclasses.asdict(cfg), probe_stall=args.probe_stall)
   start = time.perf_counter()
   say = lambda what: print(f"[{time.perf_counter() - start:6.1f}s] {what}", flush=True)
   keys = jax.random.split(jax.random.key(0), 3)

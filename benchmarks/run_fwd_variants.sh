@@ -1,34 +1,56 @@
-# The forward variants for the rows below cuDNN (H=64 full / causal, H=256 full), written in
-# session 11 (NOTES, "two H = 64 forward variants"): one Mosaic forward config per process under a
-# timeout (the named-barrier overlap has never run on a GPU), cuDNN in the same process. Run on
-# the GPU machine from the repository root; writes $OUT/fwd.jsonl and $OUT/fwd.log and prints
-# one line per config.
-#   bash benchmarks/run_fwd_variants.sh [seconds per config, default 45]
+# Forward variants for the rows below cuDNN: one Mosaic forward config per process under a
+# timeout (a config may hang compiled), cuDNN in the same process. Run on the GPU machine from
+# the repository root; writes $OUT/fwd.jsonl and $OUT/fwd.log and prints one line per config.
+#   bash benchmarks/run_fwd_variants.sh [set, default tiles] [seconds per config, default 45]
+# Sets (predictions in benchmarks/NOTES.md):
+#   s11    session 11's variants (sum_in_pv, overlap on named barriers, the causal H=64
+#          persistent launch); run in session 12.
+#   tiles  session 12: FA3's key blocks that are not multiples of 64 (80 at H=256, 176 at
+#          H=128, 192 at H=64), possible since the V ring's swizzle follows the block, and
+#          the persistent 256-key hang probed with mbarrier turns (interpret mode's form).
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
-limit="${1:-45}"
+set_name="${1:-tiles}"
+limit="${2:-45}"
 out="${OUT:-/tmp}"
 one() {
   echo "=== $*" >> "$out/fwd.log"
   timeout -k 5 "$limit" python3 benchmarks/mosaic_one.py "$@" --cudnn --out "$out/fwd.jsonl" \
       >> "$out/fwd.log" 2>&1 || echo "rc=$? $*" | tee -a "$out/fwd.log"
 }
-for mask in "" --causal; do
-  for f in "" sum_in_pv=True "overlap=True,block_kv=128" \
-           "overlap=True,block_kv=128,named_barriers=False"; do
-    one --shape 4x4096x32x64 $mask --fields "$f"
+if [ "$set_name" = s11 ]; then
+  for mask in "" --causal; do
+    for f in "" sum_in_pv=True "overlap=True,block_kv=128" \
+             "overlap=True,block_kv=128,named_barriers=False"; do
+      one --shape 4x4096x32x64 $mask --fields "$f"
+    done
   done
-done
-# Causal: the persistent launch with the dynamic tile counter (+6% on causal H=128 rows, session
-# 7) has never run at H=64, where 256-key blocks hang in the persistent loop: 128-key blocks.
-for f in "persistent=True,dynamic_schedule=True,block_kv=128" \
-         "persistent=True,dynamic_schedule=True,block_kv=128,sum_in_pv=True"; do
-  one --shape 4x4096x32x64 --causal --fields "$f"
-done
-# H=256 full (0.933x): the row sum under P V, and the two masked-call defaults (pinned softmax,
-# slot releases on named barriers), measured only at H=128 unmasked (-0.8%).
-for f in "" sum_in_pv=True "pin_softmax=True,named_free=True"; do
-  one --shape 4x4096x8x256 --fields "$f"
-done
+  for f in "persistent=True,dynamic_schedule=True,block_kv=128" \
+           "persistent=True,dynamic_schedule=True,block_kv=128,sum_in_pv=True"; do
+    one --shape 4x4096x32x64 --causal --fields "$f"
+  done
+  for f in "" sum_in_pv=True "pin_softmax=True,named_free=True"; do
+    one --shape 4x4096x8x256 --fields "$f"
+  done
+elif [ "$set_name" = tiles ]; then
+  # H=256 (0.934x full): FA3's 128 x 80 tile, 2 stages (224 KB of SMEM).
+  for mask in "" --causal; do
+    for f in "" block_kv=80; do one --shape 4x4096x8x256 $mask --fields "$f"; done
+  done
+  # H=128 full (1.00x): FA3's 176-key block, persistent (the default launch) and grid.
+  for f in "" block_kv=176 "block_kv=176,persistent=False"; do
+    one --shape 4x4096x16x128 --fields "$f"
+  done
+  one --shape 16x1024x16x128 --fields block_kv=176
+  # H=64 full (0.948x): 192-key blocks on the grid; then the persistent 256-key hang with the
+  # turns on mbarriers (interpret mode's form, which runs there) and with 192 keys.
+  for f in block_kv=192 "persistent=True,block_kv=192"; do
+    one --shape 4x4096x32x64 --fields "$f"
+  done
+  one --shape 4x4096x32x64 --fields "persistent=True,named_barriers=False" --probe-stall
+  one --shape 4x4096x32x64 --causal --fields block_kv=192
+else
+  echo "unknown set $set_name (s11 or tiles)"; exit 2
+fi
 cat "$out/fwd.jsonl" 2>/dev/null | python3 -c "
 import json,sys
 for l in sys.stdin:

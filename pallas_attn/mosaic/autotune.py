@@ -34,11 +34,17 @@ def search_space(*, head_dim: int, seq_k: int, causal: bool) -> tuple[Config, ..
   backward, the measured forward flags) stays at the default, so a cached winner never silently
   switches to e.g. the slower Mosaic backward."""
   base = default_config(head_dim=head_dim, seq_k=seq_k, masked=causal)
-  # The persistent launch is tried only at head dim 128: elsewhere it has never completed a
-  # compiled run at scale (suspected hang, see default_config), and a tuning run must not stall.
-  launches = (False, True) if padded_head_dim(head_dim) == 128 else (False,)
+  # The persistent launch is tried at head dim 128 and where it is the default (masked H = 64):
+  # 256-key blocks hang in its loop compiled (ops._forward runs those on the grid instead) and
+  # other head dims have not run it at scale; a tuning run must not stall.
+  hp = padded_head_dim(head_dim)
+  launches = (False, True) if hp == 128 or base.persistent else (False,)
+  # Besides the 128-byte-swizzle blocks, FlashAttention-3's key block for the head dim (its
+  # tile_size_fwd_sm90: 80 at 256, 176 at 128 unmasked; 192 at 64), which the V ring's narrower
+  # swizzle allows (kernels.pv_swizzle).
+  fa3 = {64: (192,), 128: () if causal else (176,), 256: (80,)}.get(hp, ())
   return tuple(dataclasses.replace(base, block_q=bq, block_kv=bkv, num_stages=st, persistent=p)
-               for bq in (64, 128) for bkv in (64, 128, 256) for st in (2, 3)
+               for bq in (64, 128) for bkv in (64, 128, 256) + fa3 for st in (2, 3)
                for p in launches)
 
 

@@ -14,7 +14,10 @@ class Config:
   Attributes:
     block_q: query rows per consumer warpgroup (a CTA holds two: 2 * block_q rows). wgmma's M is
       64 per warpgroup, so 64 or 128.
-    block_kv: keys per pipeline step (wgmma N of S = Q K^T, K of O += P V): 64, 128 or 256.
+    block_kv: keys per pipeline step (wgmma N of S = Q K^T, K of O += P V): a multiple of 16
+      in [64, 256]. Multiples of 64 keep every buffer on 128-byte swizzle rows; others (FA3's
+      80 at head dim 256, 176 at 128) put the V ring and P on 64- or 32-byte rows
+      (``kernels.pv_swizzle``), since P V's K steps come in groups one swizzle row wide.
     num_stages: depth of the K/V shared-memory ring the producer warpgroup fills with TMA.
     bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
       step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
@@ -151,8 +154,9 @@ class Config:
   def __post_init__(self):
     if self.block_q not in (64, 128):
       raise ValueError(f"Config.block_q must be 64 or 128, got {self.block_q}")
-    if self.block_kv not in (64, 128, 256):
-      raise ValueError(f"Config.block_kv must be 64, 128 or 256, got {self.block_kv}")
+    if self.block_kv % 16 or not 64 <= self.block_kv <= 256:
+      raise ValueError(f"Config.block_kv must be a multiple of 16 in [64, 256], got "
+                       f"{self.block_kv}")
     for f in ("bwd_block_q", "bwd_block_kv", "bwd_dq_block_kv"):
       if getattr(self, f) not in (64, 128):
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")

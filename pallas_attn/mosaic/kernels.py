@@ -618,21 +618,36 @@ def produce(num_steps, stages: int, fetch, free_barriers):
     wait(lax.rem(i, stages))
 
 
+def pv_swizzle(block_kv: int, itemsize: int) -> int:
+  """Swizzle (bytes) of the V ring and of P: the widest of 128 / 64 / 32 whose row of elements
+  divides ``block_kv``. P V's contraction runs over the keys, and a wgmma issues its K steps in
+  groups one swizzle row wide (``swizzle // itemsize`` elements), so 128 B (64 bf16 keys) needs
+  block_kv % 64 == 0; FA3's 80-key block at head dim 256 needs 32 B rows (16 keys)."""
+  for swizzle in (128, 64, 32):
+    if block_kv % (swizzle // itemsize) == 0:
+      return swizzle
+  raise ValueError(f"block_kv={block_kv} is not a multiple of {32 // itemsize}")
+
+
 def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   """Shared-memory buffers and barriers of ``fwd_kernel`` (order matters: see ``_body``)."""
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   bq, bkv, stages, nc = st.block_q, st.block_kv, st.num_stages, st.consumers
+  # V (the B operand of P V) and, in interpret mode, P (its A operand) share one swizzle.
+  sw = pv_swizzle(bkv, jnp.dtype(dtype).itemsize)
+  pv_tiled = (plgpu.TilingTransform((8, sw // jnp.dtype(dtype).itemsize)),
+              plgpu.SwizzleTransform(sw))
   queue = schedule.scratch_types(consumers=nc) if st.dynamic else (None, None, None)
   smem = (
       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled),                # Q (and O)
       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled) if st.persistent else None,
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
-      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # V ring
+      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=pv_tiled),        # V ring
       plgpu.SMEM((nc, bq), jnp.float32),                                      # lse
       plgpu.SMEM((META_LEN,), jnp.int32) if has_meta else None,
       plgpu.SMEM((nc, bq), jnp.int32) if st.has_segments else None,           # q segment ids
       plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,      # kv segment ring
-      None if st.registers_pv else plgpu.SMEM((nc, bq, bkv), dtype, transforms=tiled),
+      None if st.registers_pv else plgpu.SMEM((nc, bq, bkv), dtype, transforms=pv_tiled),
       queue[0],                                                               # next tiles
   )
   bars = (

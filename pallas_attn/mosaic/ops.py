@@ -26,6 +26,9 @@ from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
 SMEM_LIMIT_BYTES = 227 * 1024
+# Key blocks whose persistent launch hangs compiled (see _forward); benchmarks/mosaic_one.py
+# --probe-stall empties it to try a config that might not hang.
+STALLING_BLOCK_KV = (256,)
 INTERPRET_CTAS = 3           # persistent launches in interpret mode: several tiles per CTA
 _DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -336,9 +339,10 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   # Compiled, the persistent loop with 256-key blocks never returns on the H200 (H = 64, full
   # and causal, 4x4096x32x64 and 4x1024x32x64; it compiles, then hangs; 128-key blocks and the
-  # grid with 256 run: benchmarks/NOTES.md, session 8). Not located (interpret mode cannot run
-  # that form: its P staging leaves no SMEM for it), so the grid runs instead.
-  stalls = cfg.block_kv == 256
+  # grid with 256 run: benchmarks/NOTES.md, session 8), so the grid runs instead. Not located:
+  # interpret mode (mbarrier turns, P staged through SMEM) runs that form correctly once its
+  # SMEM limit is lifted (session 12), so the cause is in a compiled-only part.
+  stalls = cfg.block_kv in STALLING_BLOCK_KV
   # The persistent launch is written for two consumers (its tile hand-over); three run the grid.
   if (cfg.persistent and cfg.consumers == 2 and not has_meta and q_seg is None and not st.overlap
       and not stalls):
@@ -394,7 +398,12 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       num_threads=st.consumers + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(
-          approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret),
+          approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret,
+          # The row max / sum reduce within a warp (the WGMMA layout's rows live in one quad),
+          # so the 2 KB Pallas reserves for cross-warp reductions are free to give back where
+          # they are needed: FA3's 80-key ring at head dim 256 is 128 bytes over without them.
+          # The 64-multiple blocks keep the default so that their kernels stay as measured.
+          **({} if cfg.block_kv % 64 == 0 else dict(reduction_scratch_bytes=0))),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
       kernel_name="flash_attention_fwd",
   )(*inputs)

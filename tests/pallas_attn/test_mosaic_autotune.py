@@ -4,7 +4,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from pallas_attn.mosaic import Config, autotune
+from pallas_attn.mosaic import Config, autotune, default_config
 
 SPACE = (Config(block_q=64, block_kv=64, num_stages=2), Config(block_q=64, block_kv=128,
                                                                num_stages=2))
@@ -68,7 +68,8 @@ def test_search_space_keeps_the_default_flags(causal):
   from pallas_attn.mosaic import default_config
   base = default_config(head_dim=128, seq_k=4096, masked=causal)
   space = autotune.search_space(head_dim=128, seq_k=4096, causal=causal)
-  assert len(space) == len(set(space)) == 24 and base in space
+  # 2 block_q x (64, 128, 256 keys, and FA3's 176 unmasked) x 2 ring depths x 2 launches
+  assert len(space) == len(set(space)) == (24 if causal else 32) and base in space
   varied = {"block_q", "block_kv", "num_stages", "persistent"}
   for cfg in space:
     for field in Config.__dataclass_fields__:
@@ -80,3 +81,19 @@ def test_search_space_tries_the_persistent_launch_only_at_head_dim_128():
   for h, expect in ((64, {False}), (128, {False, True}), (256, {False})):
     space = autotune.search_space(head_dim=h, seq_k=4096, causal=False)
     assert {cfg.persistent for cfg in space} == expect, h
+
+
+def test_search_space_adds_fa3s_key_block():
+  """FlashAttention-3's key block for the head dim (80 at 256, 176 at 128 unmasked, 192 at 64)
+  joins the 64 / 128 / 256 blocks."""
+  for h, causal, extra in ((64, False, {192}), (128, False, {176}), (128, True, set()),
+                           (256, True, {80})):
+    space = autotune.search_space(head_dim=h, seq_k=4096, causal=causal)
+    assert {cfg.block_kv for cfg in space} == {64, 128, 256} | extra, (h, causal)
+
+
+def test_search_space_holds_the_masked_head_dim_64_default():
+  """Masked H = 64 with 1025-4096 keys runs persistent by default: the space must contain it."""
+  base = default_config(head_dim=64, seq_k=4096, masked=True)
+  space = autotune.search_space(head_dim=64, seq_k=4096, causal=True)
+  assert base.persistent and base in space

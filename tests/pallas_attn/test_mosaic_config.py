@@ -20,7 +20,7 @@ from pallas_attn.mosaic import Config, default_config, kernels, ops
 from pallas_attn.mosaic.config import padded_head_dim
 
 
-@pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 96), ("num_stages", 1),
+@pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 72), ("num_stages", 1),
                                          ("num_stages", 5), ("bwd_registers", 248),
                                          ("bwd_registers", 224)])
 def test_config_rejects_bad_values(field, value):
