@@ -219,7 +219,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # the causal 4x4096x32x64 row, 128-key blocks with the dynamic tile counter made the forward
   # 0.6708 -> 0.6222 ms (cuDNN 0.6295, 1.012x; H200, session 12). Measured at 4096 keys only,
   # so shorter key sequences (whose compiled grid tests ran the grid) keep the grid until timed.
-  # At H = 256, Q and O do not fit next to the ring, so a persistent request runs the grid.
+  # At H = 256 a persistent request now runs, with O stored in 64-column chunks (ops._forward;
+  # before session 12 it ran the grid); it has not been measured, so it is not a default there.
   short = seq_k <= 4096
   causal_h64 = hp == 64 and masked and 1024 < seq_k <= 4096
   if causal_h64:

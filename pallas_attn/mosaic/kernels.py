@@ -52,6 +52,7 @@ COMPUTE_WGS = 2          # consumer warpgroups per CTA; warpgroup COMPUTE_WGS is
 # rounded down to 8), and the split must stay within that pool: 2 x 232 + 40 = 3 x 168;
 # 3 x 160 + 32 = 4 x 128 (FA3's split for three consumer warpgroups).
 FWD_REGISTERS = {2: (232, 40), 3: (160, 32)}
+O_CHUNK = 64             # columns of one O store slot (``Statics.o_chunked``): one swizzle row
 
 
 def schedule_bar(consumers: int) -> int:
@@ -100,6 +101,8 @@ class Statics:
   consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
   poly_cols: int = 0            # forward: unmasked blocks' columns exponentiated on the FMA pipe
   sum_in_pv: bool = False       # forward: P's row sum computed after the P V wgmma is issued
+  o_chunked: bool = False       # persistent forward: O stored through two [block_q, 64] slots
+                                # per consumer instead of a whole [block_q, H] buffer
 
   @property
   def any_mask(self) -> bool:
@@ -437,10 +440,24 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       seen = l > 0
       l_safe = jnp.where(seen, l, 1.0)
       out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
-      o_smem[...] = out.astype(o_smem.dtype)
+      o_rows = o_ref.at[batch, pl.ds(q_start, bq), head]
+      if st.o_chunked:
+        # 64 columns at a time through two slots: a slot is refilled once the store issued from
+        # it two chunks ago has read it (at most one other store pending). The stores of the
+        # previous tile were all waited for above.
+        for c in range(out.shape[1] // O_CHUNK):
+          if c >= 2:
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+          slot = o_smem.at[c % 2]
+          slot[...] = out[:, c * O_CHUNK:(c + 1) * O_CHUNK].astype(slot.dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(slot, o_rows.at[:, pl.ds(c * O_CHUNK, O_CHUNK)])
+      else:
+        o_smem[...] = out.astype(o_smem.dtype)
       lse_smem2.at[wg][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem, o_ref.at[batch, pl.ds(q_start, bq), head])
+      if not st.o_chunked:
+        plgpu.copy_smem_to_gmem(o_smem, o_rows)
       plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
       return base + (hi - lo), nxt
 
@@ -640,7 +657,9 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   queue = schedule.scratch_types(consumers=nc) if st.dynamic else (None, None, None)
   smem = (
       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled),                # Q (and O)
-      plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled) if st.persistent else None,
+      (None if not st.persistent else                                       # O (persistent)
+       plgpu.SMEM((nc, 2, bq, O_CHUNK), dtype, transforms=tiled) if st.o_chunked else
+       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled)),
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=pv_tiled),        # V ring
       plgpu.SMEM((nc, bq), jnp.float32),                                      # lse
@@ -668,8 +687,8 @@ def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
   """Shared memory of one CTA (the H100/H200 limit is 227 KB)."""
   rows = st.consumers * st.block_q
   tiles = rows * head_dim + 2 * st.num_stages * st.block_kv * head_dim
-  if st.persistent:
-    tiles += rows * head_dim                                     # O beside Q
+  if st.persistent:                                              # O beside Q
+    tiles += st.consumers * 2 * st.block_q * O_CHUNK if st.o_chunked else rows * head_dim
   if not st.registers_pv:
     tiles += rows * st.block_kv
   return tiles * itemsize + rows * 8 + st.num_stages * st.block_kv * 4 + 1024

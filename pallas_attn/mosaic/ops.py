@@ -355,8 +355,13 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     # A masked call that asked for the counter but cannot have it (inside shard_map) keeps one
     # CTA per tile: the static deal measured 18% slower than that grid (causal T = 1024).
     counter_missing = cfg.dynamic_schedule and not spec.is_trivial and not dynamic
-    if (not counter_missing and
-        kernels.smem_bytes(st=pst, head_dim=hp, itemsize=q.dtype.itemsize) <= SMEM_LIMIT_BYTES):
+    fits = lambda x: kernels.smem_bytes(st=x, head_dim=hp, itemsize=q.dtype.itemsize) <= (
+        SMEM_LIMIT_BYTES)
+    if not fits(pst):
+      # A whole [block_q, H] O buffer per consumer does not fit next to Q and the ring (H = 256):
+      # store O 64 columns at a time through two slots instead (tokamax's sm90 epilogue).
+      pst = dataclasses.replace(pst, o_chunked=True)
+    if not counter_missing and fits(pst):
       st = pst
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
   if smem > SMEM_LIMIT_BYTES:
@@ -401,9 +406,11 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
           approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret,
           # The row max / sum reduce within a warp (the WGMMA layout's rows live in one quad),
           # so the 2 KB Pallas reserves for cross-warp reductions are free to give back where
-          # they are needed: FA3's 80-key ring at head dim 256 is 128 bytes over without them.
-          # The 64-multiple blocks keep the default so that their kernels stay as measured.
-          **({} if cfg.block_kv % 64 == 0 else dict(reduction_scratch_bytes=0))),
+          # they are needed: FA3's 80-key ring at head dim 256 is 128 bytes over without them,
+          # as is the persistent launch at 256 with its O slots. The other kernels keep the
+          # default so that they stay as measured.
+          **({} if cfg.block_kv % 64 == 0 and not st.o_chunked
+             else dict(reduction_scratch_bytes=0))),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
       kernel_name="flash_attention_fwd",
   )(*inputs)

@@ -56,3 +56,18 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords and here in pathlib.Path(item.path).parents:
       item.add_marker(skip)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+  """The Mosaic forward Statics ``ops._forward`` sizes, in order (the last one is what it
+  launches)."""
+  from pallas_attn.mosaic import ops  # pylint: disable=import-outside-toplevel
+  seen = []
+  real = ops.kernels.smem_bytes
+
+  def spy(*, st, **kw):
+    seen.append(st)
+    return real(st=st, **kw)
+  monkeypatch.setattr(ops.kernels, "smem_bytes", spy)
+  return seen

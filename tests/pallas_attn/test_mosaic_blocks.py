@@ -1,9 +1,13 @@
-"""Mosaic forward with key blocks that are not multiples of 64 (FA3's 80 at head dim 256, 176 at
-128), made possible by the narrower swizzle of the V ring and P (``kernels.pv_swizzle``).
+"""Mosaic forward tiles that fill shared memory to the limit (head dim 256):
+
+* key blocks that are not multiples of 64 (FA3's 80 at head dim 256, 176 at 128), made possible
+  by the narrower swizzle of the V ring and P (``kernels.pv_swizzle``);
+* the persistent launch with O stored through two 64-column slots per consumer
+  (``Statics.o_chunked``) where a whole O buffer does not fit next to Q and the ring.
 
 Interpret mode checks the arithmetic (masked and unmasked blocks, ragged S, segments,
 kv_lengths, GQA); the compiled (sm90) form is lowered on CPU, which also runs Mosaic's own
-shared-memory check (80-key blocks at head dim 256 fit only without the reduction scratch).
+shared-memory check (both fit only without Pallas's reduction scratch).
 """
 import dataclasses
 
@@ -14,7 +18,7 @@ import pytest
 
 import harness as H
 from pallas_attn import flash_attention, reference
-from pallas_attn.mosaic import Config, default_config, kernels
+from pallas_attn.mosaic import Config, default_config, kernels, ops
 
 
 @pytest.mark.parametrize("block_kv,swizzle", [(64, 128), (128, 128), (256, 128), (96, 64),
@@ -79,3 +83,39 @@ def test_default_blocks_keep_the_128_byte_swizzle():
   text = H.lower_mosaic_forward(cfg, h=128, t=1024, n=1)
   assert "swizzle<128 : i32>" in text
   assert "swizzle<64 : i32>" not in text and "swizzle<32 : i32>" not in text
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True)],
+                         ids=["full", "causal"])
+def test_persistent_head_dim_256_stores_o_in_chunks_in_interpret_mode(kw, launched, monkeypatch):
+  """Persistent at H = 256: O leaves through two [64, 64] slots per consumer, four chunks a
+  tile, several tiles per CTA. Interpret mode stages P through SMEM too (16 KB more), so the
+  limit is raised to where the chunked form fits and the whole-O form does not (~248 / 281 KB)."""
+  monkeypatch.setattr(ops, "SMEM_LIMIT_BYTES", 250_000)
+  b, t, s, h = 2, 200, 150, 256
+  q, k, v = _inputs(b, t, s, 3, 3, h)
+  kw = H.flag_kwargs(kw, t=t, s=s)
+  cfg = Config(block_kv=64, persistent=True, dynamic_schedule="causal" in kw)
+  out = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True, **kw)
+  assert launched[-1].persistent and launched[-1].o_chunked
+  assert ops.INTERPRET_CTAS < launched[-1].num_tiles               # several tiles per CTA
+  ref = reference.attention(*(x.astype(jnp.float32) for x in (q, k, v)),
+                            precision=jax.lax.Precision.HIGHEST, **kw)
+  out, ref = np.asarray(out, np.float32), np.asarray(ref)
+  assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-2
+
+
+def test_persistent_head_dim_256_lowers_for_sm90(launched):
+  """Compiled (registers for P), the chunked O fits at 224 KB + small buffers; Mosaic's own
+  shared-memory check passes only because the reduction scratch is given back."""
+  cfg = Config(block_kv=64, persistent=True)
+  text = H.lower_mosaic_forward(cfg, h=256, t=1024, n=4)
+  st = launched[-1]
+  assert st.persistent and st.o_chunked and st.num_ctas == min(st.num_tiles, 132)
+  assert "mosaic_gpu" in text
+
+
+def test_head_dim_128_persistent_keeps_the_whole_o_buffer(launched):
+  """Where it fits, O keeps its single store (the measured H = 128 default is unchanged)."""
+  H.lower_mosaic_forward(default_config(head_dim=128, seq_k=1024), h=128, t=1024, n=2)
+  assert launched[-1].persistent and not launched[-1].o_chunked

@@ -83,19 +83,6 @@ def test_default_config_masked_head_dim_64(seq_k):
   assert cfg.pin_softmax and cfg.named_free
 
 
-@pytest.fixture
-def launched(monkeypatch):
-  """The forward Statics ``ops._forward`` sizes, in order (the last one is what it launches)."""
-  seen = []
-  real = ops.kernels.smem_bytes
-
-  def spy(*, st, **kw):
-    seen.append(st)
-    return real(st=st, **kw)
-  monkeypatch.setattr(ops.kernels, "smem_bytes", spy)
-  return seen
-
-
 def test_shard_map_masked_call_keeps_the_grid_without_the_counter(launched):
   """Inside shard_map the counter (a fresh mutable ref) is unavailable; a masked call that asked
   for it runs one CTA per tile rather than the static deal (measured 18% slower)."""
