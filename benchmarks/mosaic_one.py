@@ -47,6 +47,9 @@ def main() -> int:
   ap.add_argument("--probe-stall", action="store_true",
                   help="let a persistent config run with 256-key blocks (hangs compiled in "
                        "session 8: use under a timeout)")
+  ap.add_argument("--compile-only", action="store_true",
+                  help="stop after compiling (with MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=dir "
+                       "in the environment: ptxas's register report of a kernel that may hang)")
   args = ap.parse_args()
   if args.probe_stall:
     mosaic_ops.STALLING_BLOCK_KV = ()
@@ -63,6 +66,8 @@ def main() -> int:
                                                implementation="mosaic"))
   compiled = fn.lower(q, k, v).compile()
   say("compiled")
+  if args.compile_only:
+    return 0
   out = jax.block_until_ready(compiled(q, k, v))
   say("ran")
   sl = (slice(0, 1), slice(None), slice(0, min(n, 2)), slice(None))

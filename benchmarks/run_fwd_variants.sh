@@ -33,6 +33,15 @@ if [ "$set_name" = s11 ]; then
     one --shape 4x4096x8x256 --fields "$f"
   done
 elif [ "$set_name" = tiles ]; then
+  # ptxas's report (registers, spills) of the persistent H=64 forward with 128-key blocks (runs)
+  # and 256 (hangs): compile only, dumps under $OUT/ptxas_{128,256}, summary in fwd.log.
+  for bkv in 128 256; do
+    MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO="$out/ptxas_$bkv" timeout -k 5 60 python3 \
+        benchmarks/mosaic_one.py --shape 4x4096x32x64 --fields "persistent=True,block_kv=$bkv" \
+        --probe-stall --compile-only >> "$out/fwd.log" 2>&1
+    echo "ptxas $bkv:" $(grep -h -E "Used [0-9]+ registers|spill" "$out"/ptxas_$bkv/* 2>/dev/null \
+        | sort | uniq -c | head -8) | tee -a "$out/fwd.log"
+  done
   # H=256 (0.934x full): FA3's 128 x 80 tile, 2 stages (224 KB of SMEM); the persistent
   # launch with O stored in 64-column chunks (tokamax's sm90 default there, 0.97x cuDNN).
   for mask in "" --causal; do
