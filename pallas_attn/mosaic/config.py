@@ -92,9 +92,12 @@ class Config:
       producer streams the next tile's K/V while the consumers finish the current one, and the
       next Q is loaded while O is written. Served when no per-tile metadata is needed (no mask,
       or ``computed_ranges``), without segment ids or ``overlap``, and when Q and O buffers fit
-      in SMEM next to the ring; otherwise the one-CTA-per-tile grid runs. Compiled with
-      ``block_kv = 256`` the grid runs too: that persistent loop hangs on the H200 (H = 64,
-      session 8), and with 128-key blocks it measured no faster than the grid with 256 there.
+      in SMEM next to the ring (where a whole O buffer does not, e.g. H = 256, O is stored 64
+      columns at a time through two slots); otherwise the one-CTA-per-tile grid runs. With
+      ``block_kv = 256`` the grid runs too: that persistent loop hangs compiled on the H200
+      (H = 64, session 8); unmasked H = 64 with 128-key blocks measured no faster than the grid
+      with 256, while causal H = 64 with the tile counter and 128-key blocks is 7% faster (the
+      default there, session 12).
     dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin
