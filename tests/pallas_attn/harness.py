@@ -230,6 +230,13 @@ def mask_kwargs(case: Case, x: Inputs) -> dict[str, Any]:
               kv_lengths=x.kv_lengths)
 
 
+def qkv_inputs(b: int, t: int, s: int, n: int, kh: int, h: int, seed: int = 0):
+  """Random normal bf16 q [b, t, n, h], k and v [b, s, kh, h] for the small Mosaic tests."""
+  keys = jax.random.split(jax.random.key(seed), 3)
+  shapes = ((b, t, n, h), (b, s, kh, h), (b, s, kh, h))
+  return tuple(jax.random.normal(kk, sh, jnp.bfloat16) for kk, sh in zip(keys, shapes))
+
+
 def flag_kwargs(kw: dict[str, Any], *, t: int, s: int,
                 segment_lengths: tuple[int, int] = (100, 70)) -> dict[str, Any]:
   """flash_attention keyword arguments from a small test's flags, for a batch of two:

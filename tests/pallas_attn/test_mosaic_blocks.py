@@ -34,12 +34,6 @@ def test_block_kv_must_be_a_multiple_of_16_in_range(block_kv):
     Config(block_kv=block_kv)
 
 
-def _inputs(b, t, s, n, kh, h, seed=0):
-  keys = jax.random.split(jax.random.key(seed), 3)
-  shapes = ((b, t, n, h), (b, s, kh, h), (b, s, kh, h))
-  return tuple(jax.random.normal(kk, sh, jnp.bfloat16) for kk, sh in zip(keys, shapes))
-
-
 @pytest.mark.parametrize("block_kv,t,s,h,kw", [
     (80, 200, 230, 64, dict()),
     (80, 200, 300, 64, dict(causal=True)),
@@ -48,7 +42,7 @@ def _inputs(b, t, s, n, kh, h, seed=0):
 ], ids=["80-full", "80-causal", "96-window_softcap_kvlen_h128", "176-segments"])
 def test_narrow_swizzle_blocks_match_the_reference_in_interpret_mode(block_kv, t, s, h, kw):
   b = 2
-  q, k, v = _inputs(b, t, s, 4, 2, h)
+  q, k, v = H.qkv_inputs(b, t, s, 4, 2, h)
   kw = H.flag_kwargs(kw, t=t, s=s, segment_lengths=(60, 45))
   out, lse = flash_attention(q, k, v, implementation="mosaic", config=Config(block_kv=block_kv),
                              interpret=True, return_lse=True, **kw)
@@ -93,7 +87,7 @@ def test_persistent_head_dim_256_stores_o_in_chunks_in_interpret_mode(kw, launch
   limit is raised to where the chunked form fits and the whole-O form does not (~248 / 281 KB)."""
   monkeypatch.setattr(ops, "SMEM_LIMIT_BYTES", 250_000)
   b, t, s, h = 2, 200, 150, 256
-  q, k, v = _inputs(b, t, s, 3, 3, h)
+  q, k, v = H.qkv_inputs(b, t, s, 3, 3, h)
   kw = H.flag_kwargs(kw, t=t, s=s)
   cfg = Config(block_kv=64, persistent=True, dynamic_schedule="causal" in kw)
   out = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True, **kw)

@@ -55,12 +55,6 @@ def test_config_takes_multiples_of_eight():
       Config(exp2_poly_cols=bad)
 
 
-def _inputs(b, t, s, n, kh, h, seed=0):
-  keys = jax.random.split(jax.random.key(seed), 3)
-  shapes = ((b, t, n, h), (b, s, kh, h), (b, s, kh, h))
-  return tuple(jax.random.normal(kk, sh, jnp.bfloat16) for kk, sh in zip(keys, shapes))
-
-
 @pytest.mark.parametrize("t,s,h,poly_cols,kw", [
     (256, 256, 64, 64, dict()),                                   # every column on the FMA pipe
     (200, 300, 64, 32, dict(causal=True)),                        # masked + unmasked blocks
@@ -68,7 +62,7 @@ def _inputs(b, t, s, n, kh, h, seed=0):
 ], ids=["full_all_poly", "causal_half", "window_softcap_h128"])
 def test_forward_with_poly_exponentials_matches_reference_in_interpret_mode(t, s, h, poly_cols,
                                                                            kw):
-  q, k, v = _inputs(2, t, s, 4, 2, h)
+  q, k, v = H.qkv_inputs(2, t, s, 4, 2, h)
   cfg = Config(block_kv=64, exp2_poly_cols=poly_cols)
   out, lse = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True,
                              return_lse=True, **kw)

@@ -6,20 +6,12 @@ compiled form (the sum between the P V issue and its wait) is lowered for sm90 o
 """
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import harness as H
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config
-
-
-def _inputs(b, t, s, n, kh, h, seed=0):
-  keys = jax.random.split(jax.random.key(seed), 3)
-  shapes = ((b, t, n, h), (b, s, kh, h), (b, s, kh, h))
-  return tuple(jax.random.normal(kk, sh, jnp.bfloat16) for kk, sh in zip(keys, shapes))
 
 
 @pytest.mark.parametrize("t,s,h,kw", [
@@ -30,7 +22,7 @@ def _inputs(b, t, s, n, kh, h, seed=0):
 ], ids=["full", "causal", "window_softcap_kvlen_h128", "segments"])
 def test_sum_in_pv_is_bitwise_the_default_in_interpret_mode(t, s, h, kw):
   b = 2
-  q, k, v = _inputs(b, t, s, 4, 2, h)
+  q, k, v = H.qkv_inputs(b, t, s, 4, 2, h)
   kw = H.flag_kwargs(kw, t=t, s=s, segment_lengths=(60, 45))
   run = lambda cfg: flash_attention(q, k, v, implementation="mosaic", config=cfg,
                                     interpret=True, return_lse=True, **kw)
