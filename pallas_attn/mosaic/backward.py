@@ -103,7 +103,10 @@ def producer_registers(st: Statics) -> int:
   leave of the launch pool (40 at 232, 24 at 240, FA3's split), at most 40. (A first version
   counted 512 a thread-slot: at 240 it gave the producer 32, the consumers' increase could never
   be granted, and the kernel hung on the H200, session 9.)"""
-  return min(40, 3 * LAUNCH_REGISTERS - 2 * st.consumer_registers)
+  left = 3 * LAUNCH_REGISTERS - 2 * st.consumer_registers
+  # The dQ writer (``st.dq_writer``) holds a [block_q, 64] fp32 accumulator (32 registers a
+  # thread) next to the ring's bookkeeping: it takes the whole rest (56 at 224).
+  return left if st.dq_writer else min(40, left)
 
 
 def _split_refs(refs, st: Statics, has_meta: bool):
@@ -286,7 +289,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     dk_ref, dv_ref, smem, bars = rest
   (k_smem2, v_smem2, q_smem, do_smem, rows_smem, meta_smem, kvseg_smem2, qseg_smem,
    pt_smem2, ds_smem, dqt_smem) = smem
-  q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free, dq_sync = bars
+  q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free, dq_sync, ds_ready, ds_free = (
+      bars)
   (release_q, release_do), waits = slot_releases((q_free, do_free), st)
 
   def meet():
@@ -357,6 +361,14 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       the consumers alternate, each computing all 64 columns on every other step."""
       step_no = n * per_head + (i - lo)
       buf = lax.rem(step_no, 2)
+      if st.dq_writer:
+        # Hand dS^T to the producer warpgroup (``dq_writer_loop``): no meeting of the consumers.
+        # The buffer was last read by the writer's dQ wgmmas two steps ago.
+        pl.when(step_no >= 2)(lambda: plgpu.barrier_wait(ds_free.at[buf]))
+        ds_smem.at[buf, wg][...] = dst
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(ds_ready.at[buf])
+        return
       ds_smem.at[buf, wg][...] = dst
       plgpu.commit_smem()
       meet()                                   # both dS^T halves written, and (two steps
@@ -481,13 +493,68 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       def per_group_head(n, carry):
         return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
-    if dq_sink:   # the other consumer's last dQ wgmma reads this K tile: meet before dK goes there
+    if st.dq_writer and dq_sink:
+      # The writer's last two hand-offs (one per dS^T buffer) are not waited on in the loop;
+      # waiting here also keeps dK out of this K tile until its last dQ wgmma has read it.
+      steps = st.groups * per_head
+      for back in (2, 1):
+        pl.when(steps >= back)(lambda b=back: plgpu.barrier_wait(ds_free.at[lax.rem(steps - b, 2)]))
+    elif dq_sink:   # the other consumer's last dQ wgmma reads this K tile: meet before dK goes there
       meet()
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[batch, keys, kv_head])
     plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[batch, keys, kv_head])
+    plgpu.wait_smem_to_gmem(0)
+
+  def dq_writer_loop(fetch):
+    """The producer warpgroup as FA3's dQ side (Section 3.3, without its per-step meeting of
+    the consumers): besides refilling the Q/dO ring, for each step it waits for both consumers'
+    dS^T (``ds_ready``), computes dQ_i = dS_i K over the CTA's 2 * block_kv keys in 64-column
+    chunks (two wgmmas each: A = a transposed dS^T buffer, B = a 64-column slice of each
+    consumer's K tile), frees the dS^T buffer (``ds_free``) and hands each fp32 chunk to the
+    TMA engine (reduction into the accumulator, or the per-tile partial in interpret mode). The
+    chunks alternate between two SMEM slots, so a chunk's store waits only for the reduction
+    two chunks back. Consumers never wait for each other; they wait for this warpgroup only if
+    it falls two steps behind."""
+    total = st.groups * per_head
+    hd = k_smem2.shape[-1]
+    chunks = hd // 64
+
+    @pl.loop(0, jnp.minimum(total, stages))
+    def _prologue(s):
+      fetch(s)
+
+    @pl.loop(0, total)
+    def _step(s):
+      buf = lax.rem(s, 2)
+      plgpu.barrier_wait(ds_ready.at[buf])
+      # Refill first: this slot was released right after dS^T was handed over, and the
+      # consumers need it two steps on; dQ has a step's slack.
+      for wait in waits:
+        wait(lax.rem(s, stages))
+      pl.when(s + stages < total)(lambda: fetch(s + stages))
+      head = kv_head * st.groups + lax.div(s, jnp.maximum(per_head, 1))
+      rows = pl.ds((lo + lax.rem(s, jnp.maximum(per_head, 1))) * bq, bq)
+      for c in range(chunks):
+        cols = pl.ds(64 * c, 64)
+
+        def body(acc_ref):
+          for w in range(COMPUTE_WGS):
+            plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
+          return acc_ref[...]
+        part = pl.run_scoped(body, plgpu.ACC((bq, 64), jnp.float32))
+        if c == chunks - 1:      # every wgmma reading ds_smem[buf] (and K) has retired
+          plgpu.barrier_arrive(ds_free.at[buf])
+        out = dqt_smem.at[lax.rem(s * chunks + c, 2)]
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)     # the slot's last reduction read it
+        out[...] = part
+        plgpu.commit_smem()
+        if dq_sink == "reduce":
+          plgpu.copy_smem_to_gmem(out, dq_sink_ref.at[batch, rows, head, cols], reduction_op="add")
+        else:
+          plgpu.copy_smem_to_gmem(out, dq_sink_ref.at[tile, batch, rows, head, cols])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_WGS)
@@ -507,7 +574,11 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       if st.has_segments:
         plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
                                 rows_ready.at[stages + slot])
-    produce(st.groups * per_head, stages, fetch, waits)
+    if st.dq_writer and dq_sink:
+      dq_writer_loop(fetch)
+    else:
+      produce(st.groups * per_head, stages, fetch, waits)
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -554,6 +625,7 @@ def _dq_width(head_dim: int) -> int:
 
 def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False):
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  writer = fused_dq and st.dq_writer
   smem = (
       plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # K, then dK
       plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # V, then dV
@@ -567,7 +639,8 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
                                                                  transforms=_TILED),  # P^T
       # Fused dQ: dS^T of both consumers, double-buffered, and each consumer's fp32 partial.
       plgpu.SMEM((2, COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED) if fused_dq else None,
-      plgpu.SMEM((COMPUTE_WGS, bq, _dq_width(head_dim)), jnp.float32,
+      # (the dQ writer's two chunk slots have the same shape: [block_q, 64] each)
+      plgpu.SMEM((COMPUTE_WGS, bq, 64 if writer else _dq_width(head_dim)), jnp.float32,
                  transforms=_TILED_F32) if fused_dq else None,
   )
   bars = (
@@ -577,6 +650,8 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
       plgpu.Barrier(num_barriers=1),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS) if fused_dq else None,          # dQ rendezvous
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS) if fused_dq and not writer else None,  # rendezvous
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=2) if writer else None,   # dS^T ready
+      plgpu.Barrier(num_arrivals=1, num_barriers=2) if writer else None,             # dS^T free
   )
   return smem, bars

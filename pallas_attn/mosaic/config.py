@@ -51,6 +51,15 @@ class Config:
       (session 9): spill requests 29.7 M -> 21.1 M at 4x4096x16x128, but the kernel is slower
       (1.69 -> 1.75 ms under Nsight Compute; fwd+bwd 1.0563 -> 1.0625 ms at 16x1024x16x128):
       off.
+    bwd_dq_writer: the fused dQ (as ``bwd_fused_dq``, which it implies) with the dQ products on
+      the producer warpgroup instead of the consumers: each consumer stores its dS^T tile in a
+      double-buffered SMEM slot and signals a barrier; the producer, between refills of the
+      Q/dO ring, computes dQ_i = scale * dS_i K over the CTA's keys in 64-column chunks and
+      reduces them into the float32 accumulator with TMA. The consumers never meet (the
+      rendezvous is what made ``bwd_fused_dq`` slower) and wait for the producer only if it
+      falls two steps behind. Registers: consumers 224, producer 56 (it holds a [block_q, 64]
+      fp32 accumulator). Head dims 64 and 128 (padded). Not bitwise deterministic (the order of
+      the reductions varies), so off by default.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -139,6 +148,7 @@ class Config:
   bwd_defer_wait: bool = False
   bwd_registers: int = 232
   bwd_pt_smem: bool = False
+  bwd_dq_writer: bool = False
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True

@@ -98,6 +98,8 @@ class Statics:
   consumer_registers: int = 232  # backward: registers a consumer thread takes (setmaxnreg); the
                                  # producer gets what is left (40 at 232, 24 at 240)
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
+  dq_writer: bool = False       # fused dQ: the producer warpgroup computes dQ from the consumers'
+                                # dS^T (no consumer rendezvous); consumers at 224 registers
   consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
   poly_cols: int = 0            # forward: unmasked blocks' columns exponentiated on the FMA pipe
   sum_in_pv: bool = False       # forward: P's row sum computed after the P V wgmma is issued

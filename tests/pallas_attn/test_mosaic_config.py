@@ -167,7 +167,9 @@ BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128,
                "defer_named": Config(bwd_defer_wait=True, named_free=True),
                "regs240": Config(bwd_registers=240),
                "pt_smem": Config(bwd_pt_smem=True),
-               "pt_smem_regs240": Config(bwd_pt_smem=True, bwd_registers=240, named_free=True)}
+               "pt_smem_regs240": Config(bwd_pt_smem=True, bwd_registers=240, named_free=True),
+               "dq_writer": Config(bwd_dq_writer=True),
+               "dq_writer_named": Config(bwd_dq_writer=True, named_free=True)}
 
 
 @pytest.mark.parametrize("cfg_name", list(BWD_CONFIGS))
@@ -190,11 +192,14 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
   assert st_dq.registers_pv and st_dkdv.registers_pv
   assert st_dq.block_kv == BWD_CONFIGS[cfg_name].bwd_dq_block_kv
   assert ops.dq_smem_bytes(st=st_dq, head_dim=padded_head_dim(h)) <= ops.SMEM_LIMIT_BYTES
-  fused = ops.fused_dq_served(BWD_CONFIGS[cfg_name], st_dkdv, padded_head_dim(h))
-  assert fused == (BWD_CONFIGS[cfg_name].bwd_fused_dq and padded_head_dim(h) in (64, 128))
+  cfg = BWD_CONFIGS[cfg_name]
+  fused = ops.fused_dq_served(cfg, st_dkdv, padded_head_dim(h))
+  assert fused == ((cfg.bwd_fused_dq or cfg.bwd_dq_writer) and padded_head_dim(h) in (64, 128))
+  assert st_dkdv.dq_writer == cfg.bwd_dq_writer
   assert st_dq.named_free == st_dkdv.named_free == BWD_CONFIGS[cfg_name].named_free
   assert st_dq.defer_wait == st_dkdv.defer_wait == BWD_CONFIGS[cfg_name].bwd_defer_wait
-  assert st_dq.consumer_registers == st_dkdv.consumer_registers == BWD_CONFIGS[cfg_name].bwd_registers
+  assert st_dq.consumer_registers == st_dkdv.consumer_registers == (
+      224 if cfg.bwd_dq_writer else cfg.bwd_registers)
   assert st_dkdv.pt_smem == BWD_CONFIGS[cfg_name].bwd_pt_smem
   assert ops.backward_smem_bytes(st=st_dkdv, head_dim=padded_head_dim(h)) <= ops.SMEM_LIMIT_BYTES
   bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
@@ -370,10 +375,12 @@ def _assert_grads_match_reference(cfg: Config, *, b, t, s, n, kh, h, seed, **ext
                                                         segments=True, kv_lengths=True),
                                 dict()], ids=["causal", "window_softcap_seg_len", "full"])
 @pytest.mark.parametrize("h", [128, 64], ids=["h128_split_columns", "h64_alternate_steps"])
-def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, monkeypatch):
+@pytest.mark.parametrize("writer", [False, True], ids=["consumers", "dq_writer"])
+def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, writer, monkeypatch):
   """``bwd_fused_dq``: dQ from the dK/dV kernel (interpret mode: per-tile partials summed
-  outside; compiled: TMA reductions). GQA 4:2 with T, S off the tile; the separate dQ kernel
-  must not run."""
+  outside; compiled: TMA reductions), by the consumers after a rendezvous or (``bwd_dq_writer``)
+  by the producer warpgroup. GQA 4:2 with T, S off the tile; the separate dQ kernel must not
+  run."""
   from pallas_attn.mosaic import backward
 
   def no_dq_kernel(*a, **k):
@@ -386,8 +393,8 @@ def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, monkeypatc
     extra["kv_segment_ids"] = (jnp.arange(s)[None] * 3 // s).repeat(b, 0)
   if kw.get("kv_lengths"):
     extra["kv_lengths"] = jnp.array([s, 77], jnp.int32)
-  _assert_grads_match_reference(Config(block_kv=64, bwd_fused_dq=True, backward="mosaic"),
-                                b=b, t=t, s=s, n=4, kh=2, h=h, seed=7, **extra)
+  cfg = Config(block_kv=64, bwd_fused_dq=not writer, bwd_dq_writer=writer, backward="mosaic")
+  _assert_grads_match_reference(cfg, b=b, t=t, s=s, n=4, kh=2, h=h, seed=7, **extra)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "fused_dq"])
@@ -427,15 +434,19 @@ def test_persistent_launch_with_256_key_blocks_runs_the_grid_when_compiled(inter
 
 
 
-@pytest.mark.parametrize("consumer", [232, 240])
-def test_backward_register_split_fits_the_launch_pool(consumer):
+@pytest.mark.parametrize("consumer,writer", [(232, False), (240, False), (232, True)])
+def test_backward_register_split_fits_the_launch_pool(consumer, writer):
   """setmaxnreg moves registers inside the launch allocation (168 a thread at 384 threads): an
   increase that the pool cannot grant blocks forever, so 2 consumers + the producer must fit."""
   from pallas_attn.mosaic import backward
   st = ops._backward_statics(jnp.zeros((1, 128, 2, 128), jnp.bfloat16),
                              jnp.zeros((1, 128, 2, 128), jnp.bfloat16), None, None,
                              causal=False, scale=1.0, window=None, softcap=None,
-                             cfg=Config(bwd_registers=consumer), interpret=False)[1]
+                             cfg=Config(bwd_registers=consumer, bwd_dq_writer=writer),
+                             interpret=False)[1]
   producer = backward.producer_registers(st)
   assert producer % 8 == 0 and producer >= 24
+  consumer = st.consumer_registers
   assert 2 * consumer + producer <= 3 * backward.LAUNCH_REGISTERS == 3 * (65536 // 384 // 8 * 8)
+  if writer:     # the dQ writer's fp32 [64, 64] accumulator alone is 32 registers a thread
+    assert (consumer, producer) == (224, 56)
