@@ -140,6 +140,7 @@ def main() -> int:
             got = run(q, k, v, do)
             if base_out is None:
               base_out = got
+              row["max_abs_ours"] = [float(jnp.max(jnp.abs(a.astype(jnp.float32)))) for a in got]
             else:
               row[name]["max_abs_diff_vs_ours"] = [
                   float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
