@@ -178,8 +178,8 @@ class Config:
     if self.exp2_poly_cols < 0 or self.exp2_poly_cols % 8:
       raise ValueError("Config.exp2_poly_cols must be a non-negative multiple of 8, got "
                        f"{self.exp2_poly_cols!r}")
-    if self.bwd_registers not in (232, 240):
-      raise ValueError(f"Config.bwd_registers must be 232 or 240, got {self.bwd_registers!r}")
+    if self.bwd_registers not in (224, 232, 240):
+      raise ValueError(f"Config.bwd_registers must be 224, 232 or 240, got {self.bwd_registers!r}")
     if self.backward not in BACKWARDS:
       raise ValueError(f"Config.backward must be one of {BACKWARDS}, got {self.backward!r}")
     for f in ("num_stages", "bwd_num_stages"):

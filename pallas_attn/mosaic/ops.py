@@ -110,9 +110,8 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   st_dq, st_dkdv = _backward_statics(q, k, q_seg, kv_lengths, cfg=cfg, interpret=interpret,
                                      **mask_kw)
   fused = fused_dq_served(cfg, st_dkdv, head_dim_padded, q, k, v, do)
-  if st_dkdv.dq_writer and not fused:      # the two kernels after all: their own registers
-    st_dq, st_dkdv = (dataclasses.replace(x, dq_writer=False, consumer_registers=cfg.bwd_registers)
-                      for x in (st_dq, st_dkdv))
+  if st_dkdv.dq_writer and not fused:      # the two kernels after all
+    st_dq, st_dkdv = (dataclasses.replace(x, dq_writer=False) for x in (st_dq, st_dkdv))
   smem = max(0 if fused else dq_smem_bytes(st=st_dq, head_dim=head_dim_padded),
              backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded, fused_dq=fused))
   if cfg.backward == "triton" or smem > SMEM_LIMIT_BYTES:
@@ -173,7 +172,7 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 groups=q.shape[2] // k.shape[2], registers_pv=not interpret,
                 named_free=cfg.named_free and not interpret,
                 defer_wait=cfg.bwd_defer_wait and not interpret,
-                consumer_registers=224 if cfg.bwd_dq_writer else cfg.bwd_registers,
+                consumer_registers=cfg.bwd_registers,
                 pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
