@@ -5,6 +5,7 @@
 # consumer registers and with the default at 224 (compile only, ~1 minute), then, with "time",
 # times the writer at 232 / 40 and the default at 224 against the default. Writes under $OUT.
 #   bash benchmarks/run_bwd_writer_probe.sh [time]
+mode="${1:-}"
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 for v in "True 224" "True 232" "False 224"; do
   set -- $v
@@ -22,7 +23,7 @@ f.lower(q).compile()
   grep -h -i -E "C75|serializ|Used [0-9]+ registers|spill|setmaxnreg" /tmp/ptx_$tag.log /tmp/ptx_$tag/* 2>/dev/null \
       | sed 's/ptxas info *: //' | sort | uniq -c | head -14
 done 2>&1 | tee "${OUT:-/tmp}/ptxas_writer.txt"
-if [ "${1:-}" = time ]; then
+if [ "$mode" = time ]; then
   timeout -k 5 400 python3 benchmarks/bwd_breakdown.py --out "${OUT:-/tmp}" --peers cudnn \
       --variant w232:bwd_dq_writer=True --variant r224:bwd_registers=224 --rows 4x4096x16x128 \
       --causal 0 --budget-s 300 2>&1 | grep -v "^W0\|^I0" | tail -8
