@@ -59,7 +59,11 @@ class Config:
       rendezvous is what made ``bwd_fused_dq`` slower) and wait for the producer only if it
       falls two steps behind. Registers: consumers 224, producer 56 (it holds a [block_q, 64]
       fp32 accumulator). Head dims 64 and 128 (padded). Not bitwise deterministic (the order of
-      the reductions varies), so off by default.
+      the reductions varies). H200 (session 13): correct, but the dK/dV kernel 3.4x slower
+      (5.66 vs 1.68 ms at 4x4096x16x128): ptxas cannot give the producer's code the registers
+      its accumulator needs, ignores the setmaxnreg split (C7507) and serialises every wgmma of
+      the kernel (C7512), the consumers' included. Off; it needs a writer whose matmul fits
+      ~40 registers (or the consumers below ~216) before it can pay.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -238,8 +242,13 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   causal_h64 = hp == 64 and masked and 1024 < seq_k <= 4096
   if causal_h64:
     block_kv = 128
-  persistent_ok = hp == 128 or causal_h64
+  # Unmasked H = 64 rows with 1025-4096 keys: the persistent loop with 256-key blocks and the
+  # consumers' turns on mbarriers (on named barriers that form hangs, see ops._forward):
+  # 4x4096x32x64 1.2016 -> 1.1514 ms (cuDNN 1.1384: 0.948 -> 0.989x; H200, session 13). Measured
+  # at 4096 keys only.
+  full_h64 = hp == 64 and not masked and 1024 < seq_k <= 4096
+  persistent_ok = hp == 128 or causal_h64 or full_h64
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 persistent=persistent_ok and (not masked or short),
                 dynamic_schedule=persistent_ok and masked and short,
-                pin_softmax=masked, named_free=masked)
+                pin_softmax=masked, named_free=masked, named_barriers=not full_h64)
