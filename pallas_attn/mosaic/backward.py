@@ -14,6 +14,8 @@ that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
 * Fused dQ (``Config.bwd_fused_dq``, FA3 Section 3.3): the dK/dV kernel alone, also adding
   scale * dS K into a float32 dQ accumulator (TMA reductions, so the summation order over K/V
   tiles varies between runs); the dQ kernel and its recomputation of S and dP are skipped.
+  ``Config.bwd_dq_writer`` moves those dQ products from the consumers to the producer
+  warpgroup (``dq_writer_loop``); both fused forms measured slower than the two kernels.
 
 Compiled, the consumers take 232 registers (the producer 40) and keep their wgmmas in flight:
 S and dP are issued together and P is computed while dP runs, dV += P^T dO is issued before
@@ -105,7 +107,8 @@ def producer_registers(st: Statics) -> int:
   be granted, and the kernel hung on the H200, session 9.)"""
   left = 3 * LAUNCH_REGISTERS - 2 * st.consumer_registers
   # The dQ writer (``st.dq_writer``) holds a [block_q, 64] fp32 accumulator (32 registers a
-  # thread) next to the ring's bookkeeping: it takes the whole rest (56 at 224).
+  # thread) next to the ring's bookkeeping: it takes the whole rest (56 at 224, 40 at 232). At
+  # either split ptxas found too few and serialised every wgmma of the kernel (session 13).
   return left if st.dq_writer else min(40, left)
 
 
@@ -578,7 +581,6 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dq_writer_loop(fetch)
     else:
       produce(st.groups * per_head, stages, fetch, waits)
-
 
 
 # ----------------------------------------------------------------------------------------------
