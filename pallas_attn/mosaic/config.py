@@ -57,7 +57,8 @@ class Config:
       Q/dO ring, computes dQ_i = scale * dS_i K over the CTA's keys in 64-column chunks and
       reduces them into the float32 accumulator with TMA. The consumers never meet (the
       rendezvous is what made ``bwd_fused_dq`` slower) and wait for the producer only if it
-      falls two steps behind. Registers: consumers 224, producer 56 (it holds a [block_q, 64]
+      falls two steps behind. Registers: the producer takes what the consumers leave of the
+      launch pool (40 at the default ``bwd_registers=232``, 56 at 224; it holds a [block_q, 64]
       fp32 accumulator). Head dims 64 and 128 (padded). Not bitwise deterministic (the order of
       the reductions varies). H200 (session 13): correct, but the dK/dV kernel 3.4x slower
       (5.66 vs 1.68 ms at 4x4096x16x128): ptxas cannot give the producer's code the registers
