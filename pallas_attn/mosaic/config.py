@@ -141,6 +141,18 @@ class Config:
       tokamax's sm90 step). Same sum of the same float32 P: bitwise the same output in
       interpret mode (tests; compiled, not yet compared). Not with ``overlap`` (its own loop).
       Not yet measured: off.
+    q_regs_cols: forward (compiled): the first this many columns of Q (a multiple of 64; values
+      above the head dim take all of it) are the A operand of S = Q K^T from registers, loaded
+      once per tile, instead of from shared memory. With both operands in SMEM an m64 n64 k16
+      wgmma reads 128 B per tensor-core cycle, all the SM's SMEM bandwidth, and K/V's TMA
+      writes need it too (NOTES, session 12); Q in registers takes H / 2 registers a thread, so
+      at H = 256 (O alone is 128) only a part fits. Interpret mode ignores it (no register
+      wgmma operands there); not with ``overlap`` (its own loop keeps Q in SMEM). Off (0) until
+      measured.
+    bwd_dq_regs: the compiled dQ kernel takes Q and dO (the same for every K/V block of its
+      tile) as register A operands of S = Q K^T and dP = dO V^T: its SMEM reads per step drop
+      from 80 to 48 KB a consumer at H = 128, for 64 more registers a thread (dQ 64 + S 32 +
+      dP 32 + Q 32 + dO 32 at 64-key steps). Interpret mode ignores it. Off until measured.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -168,6 +180,8 @@ class Config:
   consumers: int = 2
   exp2_poly_cols: int = 0
   sum_in_pv: bool = False
+  q_regs_cols: int = 0
+  bwd_dq_regs: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
@@ -183,6 +197,9 @@ class Config:
     if self.exp2_poly_cols < 0 or self.exp2_poly_cols % 8:
       raise ValueError("Config.exp2_poly_cols must be a non-negative multiple of 8, got "
                        f"{self.exp2_poly_cols!r}")
+    if self.q_regs_cols < 0 or self.q_regs_cols % 64:
+      raise ValueError("Config.q_regs_cols must be a non-negative multiple of 64, got "
+                       f"{self.q_regs_cols!r}")
     if self.bwd_registers not in (224, 232, 240):
       raise ValueError(f"Config.bwd_registers must be 224, 232 or 240, got {self.bwd_registers!r}")
     if self.backward not in BACKWARDS:

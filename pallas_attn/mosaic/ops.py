@@ -173,7 +173,8 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 named_free=cfg.named_free and not interpret,
                 defer_wait=cfg.bwd_defer_wait and not interpret,
                 consumer_registers=cfg.bwd_registers,
-                pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer)
+                pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer,
+                qdo_regs=cfg.bwd_dq_regs and not interpret)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
   while True:
@@ -339,7 +340,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       pin_softmax=cfg.pin_softmax,
       named_free=cfg.named_free and not interpret and not cfg.overlap,
       consumers=cfg.consumers, poly_cols=min(cfg.exp2_poly_cols, cfg.block_kv),
-      sum_in_pv=cfg.sum_in_pv)
+      sum_in_pv=cfg.sum_in_pv,
+      q_regs_cols=0 if interpret or cfg.overlap else min(cfg.q_regs_cols, hp))
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   # Compiled, the persistent loop with 256-key blocks never returns on the H200 (H = 64, full
