@@ -337,6 +337,11 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       kv_seg = lax.broadcast_in_dim(
           plgpu.load(kvseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
     pt_smem = None if pt_smem2 is None else pt_smem2.at[wg]
+    # ``st.kv_regs``: this consumer's K and / or V tile (the same for every Q block) as the
+    # register A operand of S^T = K Q^T / dP^T = V dO^T (H / 2 registers a thread each), which
+    # takes 16 KB a step off the SMEM reads (kernels.q_operands says why that can matter).
+    k_op = k_smem[...] if "k" in st.kv_regs else k_smem
+    v_op = v_smem[...] if "v" in st.kv_regs else v_smem
     defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything
 
     def probs_t(s, i, slot, masked: bool):
@@ -445,8 +450,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       plgpu.barrier_wait(do_ready.at[slot])
 
       def scores(s_acc, dp_acc):
-        plgpu.wgmma(s_acc, k_smem, q_smem.at[slot].transpose((1, 0)))
-        plgpu.wgmma(dp_acc, v_smem, do_smem.at[slot].transpose((1, 0)))
+        plgpu.wgmma(s_acc, k_op, q_smem.at[slot].transpose((1, 0)))
+        plgpu.wgmma(dp_acc, v_op, do_smem.at[slot].transpose((1, 0)))
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))

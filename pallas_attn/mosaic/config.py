@@ -153,6 +153,10 @@ class Config:
       tile) as register A operands of S = Q K^T and dP = dO V^T: its SMEM reads per step drop
       from 80 to 48 KB a consumer at H = 128, for 64 more registers a thread (dQ 64 + S 32 +
       dP 32 + Q 32 + dO 32 at 64-key steps). Interpret mode ignores it. Off until measured.
+    bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
+      ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
+      SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
+      128 (the kernel already spills ~50 bytes at 232). Interpret mode ignores it. "" (off).
   """
   block_q: int = 64
   block_kv: int = 128
@@ -182,6 +186,7 @@ class Config:
   sum_in_pv: bool = False
   q_regs_cols: int = 0
   bwd_dq_regs: bool = False
+  bwd_dkdv_regs: str = ""
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
@@ -200,6 +205,9 @@ class Config:
     if self.q_regs_cols < 0 or self.q_regs_cols % 64:
       raise ValueError("Config.q_regs_cols must be a non-negative multiple of 64, got "
                        f"{self.q_regs_cols!r}")
+    if self.bwd_dkdv_regs not in ("", "k", "v", "kv"):
+      raise ValueError("Config.bwd_dkdv_regs must be '', 'k', 'v' or 'kv', got "
+                       f"{self.bwd_dkdv_regs!r}")
     if self.bwd_registers not in (224, 232, 240):
       raise ValueError(f"Config.bwd_registers must be 224, 232 or 240, got {self.bwd_registers!r}")
     if self.backward not in BACKWARDS:

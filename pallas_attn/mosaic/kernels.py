@@ -108,6 +108,7 @@ class Statics:
   q_regs_cols: int = 0          # forward (compiled): Q's first this many columns are S = Q K^T's
                                 # A operand from registers (loaded once per tile), not SMEM
   qdo_regs: bool = False        # dQ kernel (compiled): Q and dO as register A operands of S, dP
+  kv_regs: str = ""             # dK/dV kernel (compiled): "k", "v" or "kv" as register A operands
 
   @property
   def any_mask(self) -> bool:

@@ -174,7 +174,8 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 defer_wait=cfg.bwd_defer_wait and not interpret,
                 consumer_registers=cfg.bwd_registers,
                 pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer,
-                qdo_regs=cfg.bwd_dq_regs and not interpret)
+                qdo_regs=cfg.bwd_dq_regs and not interpret,
+                kv_regs="" if interpret else cfg.bwd_dkdv_regs)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
   while True:

@@ -23,7 +23,7 @@ from pallas_attn.mosaic.config import padded_head_dim
 @pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 72), ("num_stages", 1),
                                          ("num_stages", 5), ("bwd_registers", 248),
                                          ("bwd_registers", 216), ("q_regs_cols", 96),
-                                         ("q_regs_cols", -64)])
+                                         ("q_regs_cols", -64), ("bwd_dkdv_regs", "q")])
 def test_config_rejects_bad_values(field, value):
   with pytest.raises(ValueError, match=field):
     Config(**{field: value})
@@ -199,7 +199,8 @@ BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128,
                "pt_smem_regs240": Config(bwd_pt_smem=True, bwd_registers=240, named_free=True),
                "dq_writer": Config(bwd_dq_writer=True),
                "dq_writer_named": Config(bwd_dq_writer=True, named_free=True),
-               "dq_regs": Config(bwd_dq_regs=True)}
+               "dq_regs": Config(bwd_dq_regs=True), "kv_regs": Config(bwd_dkdv_regs="kv"),
+               "k_regs": Config(bwd_dkdv_regs="k")}
 
 
 @pytest.mark.parametrize("cfg_name", list(BWD_CONFIGS))
@@ -230,7 +231,7 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
   assert st_dq.defer_wait == st_dkdv.defer_wait == BWD_CONFIGS[cfg_name].bwd_defer_wait
   assert st_dq.consumer_registers == st_dkdv.consumer_registers == cfg.bwd_registers
   assert st_dkdv.pt_smem == BWD_CONFIGS[cfg_name].bwd_pt_smem
-  assert st_dq.qdo_regs == cfg.bwd_dq_regs
+  assert st_dq.qdo_regs == cfg.bwd_dq_regs and st_dkdv.kv_regs == cfg.bwd_dkdv_regs
   assert ops.backward_smem_bytes(st=st_dkdv, head_dim=padded_head_dim(h)) <= ops.SMEM_LIMIT_BYTES
   bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
                           interpret=False, fused_dq=fused)

@@ -28,7 +28,7 @@ def test_interpret_mode_ignores_register_q():
                                         interpret=True, **kw).astype(jnp.float32).sum()
     return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
   (val, grads), (base_val, base_grads) = (run(Config(block_kv=64, q_regs_cols=64,
-                                                     bwd_dq_regs=True)),
+                                                     bwd_dq_regs=True, bwd_dkdv_regs="kv")),
                                           run(Config(block_kv=64)))
   np.testing.assert_array_equal(np.asarray(val), np.asarray(base_val))
   for g, g0 in zip(grads, base_grads):
