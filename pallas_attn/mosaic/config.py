@@ -147,16 +147,24 @@ class Config:
       wgmma reads 128 B per tensor-core cycle, all the SM's SMEM bandwidth, and K/V's TMA
       writes need it too (NOTES, session 12); Q in registers takes H / 2 registers a thread, so
       at H = 256 (O alone is 128) only a part fits. Interpret mode ignores it (no register
-      wgmma operands there); not with ``overlap`` (its own loop keeps Q in SMEM). Off (0) until
-      measured.
+      wgmma operands there); not with ``overlap`` (its own loop keeps Q in SMEM); nor in the
+      unmasked loop with ``block_kv`` equal to the head dim (``ops.register_q_cols``: wrong
+      outputs compiled at H = 128, cause not located). H200 (session 14): H = 64 +4% (full and
+      causal 4x4096x32x64, now the default there); H = 128 causal and H = 256 within +-1.5%.
+      0 (off) elsewhere.
     bwd_dq_regs: the compiled dQ kernel takes Q and dO (the same for every K/V block of its
       tile) as register A operands of S = Q K^T and dP = dO V^T: its SMEM reads per step drop
       from 80 to 48 KB a consumer at H = 128, for 64 more registers a thread (dQ 64 + S 32 +
-      dP 32 + Q 32 + dO 32 at 64-key steps). Interpret mode ignores it. Off until measured.
+      dP 32 + Q 32 + dO 32 at 64-key steps). Interpret mode ignores it. H200 (session 14):
+      bitwise the same gradients, the dQ kernel 0.5% (full) to 3% (causal) faster at
+      4x4096x16x128, no spills: on by default (``default_config``; the field's own default
+      stays False so that ``Config()`` is the plain kernel).
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
-      128 (the kernel already spills ~50 bytes at 232). Interpret mode ignores it. "" (off).
+      128 (the kernel already spills ~50 bytes at 232). Interpret mode ignores it. H200
+      (session 14): bitwise the same gradients but the dK/dV kernel 9-17% slower ("k": 1.675
+      -> 1.835 ms at 4x4096x16x128 full; "v": 1.853) with 312 bytes of spills. "" (off).
   """
   block_q: int = 64
   block_kv: int = 128
@@ -274,7 +282,13 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # at 4096 keys only.
   full_h64 = hp == 64 and not masked and 1024 < seq_k <= 4096
   persistent_ok = hp == 128 or causal_h64 or full_h64
+  # Q in registers (q_regs_cols) on those two H = 64 rows: full 1.1488 -> 1.1051 ms (0.989 ->
+  # 1.030x cuDNN), causal 0.6225 -> 0.6079 (1.011 -> 1.041x; H200, session 14). At H = 128 /
+  # 256 it measured within +-1.5% (and the unmasked H = 128 form is not served, see
+  # ops.register_q_cols). The dQ kernel's Q and dO in registers (bwd_dq_regs): bitwise the
+  # same gradients, its kernel 0.5-3% faster at H = 128 (session 14).
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 persistent=persistent_ok and (not masked or short),
                 dynamic_schedule=persistent_ok and masked and short,
-                pin_softmax=masked, named_free=masked, named_barriers=not full_h64)
+                pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
+                q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=True)

@@ -450,11 +450,6 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
         carry = lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
       else:
-        if st.q_regs_cols:
-          # Compiled on the H200, Q in registers with a static trip count gave wrong outputs
-          # at H = 128 with 128-key blocks (every launch form; right with the dynamic-bound loops
-          # of masked calls, and at H = 64 / 256; NOTES, session 14): the bound is made dynamic.
-          hi = hi + wg * 0
         carry = lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
       acc, m, l = carry
       nxt = None

@@ -316,6 +316,19 @@ def _with_kv_len(ranges, kv_len):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> int:
+  """Columns of Q the forward holds in registers (``Config.q_regs_cols``), 0 where it is not
+  served: interpret mode (no register wgmma operands), ``overlap`` (its own loop), and the
+  unmasked loop with as many keys per block as the head dim. Compiled on the H200 that last
+  form gave wrong outputs at H = 128 with 128-key blocks (every launch form: grid, persistent,
+  mbarrier turns), while the masked loops with the same tiles, H = 128 with 64-key blocks,
+  H = 64 with 128 / 256 and H = 256 with 64 were right (benchmarks/NOTES.md, session 14; the
+  cause is not located), so it keeps Q in shared memory."""
+  if interpret or cfg.overlap or (not masked and cfg.block_kv == hp):
+    return 0
+  return min(cfg.q_regs_cols, hp)
+
+
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
              hp: int, interpret):
   """Pads to the CTA tile (consumers * block_q rows, block_kv keys, hp lanes), runs the kernel,
@@ -342,7 +355,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       named_free=cfg.named_free and not interpret and not cfg.overlap,
       consumers=cfg.consumers, poly_cols=min(cfg.exp2_poly_cols, cfg.block_kv),
       sum_in_pv=cfg.sum_in_pv,
-      q_regs_cols=0 if interpret or cfg.overlap else min(cfg.q_regs_cols, hp))
+      q_regs_cols=register_q_cols(cfg, hp=hp, interpret=interpret,
+                                  masked=not spec.is_trivial or has_kv_len or q_seg is not None))
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
   # Compiled, the persistent loop with 256-key blocks never returns on the H200 (H = 64, full

@@ -62,6 +62,7 @@ def test_default_config_flags_by_mask(masked, seq_k):
   assert cfg.persistent == (not masked or short)
   assert cfg.dynamic_schedule == (masked and short)
   assert not cfg.bwd_fused_dq                                     # measured slower: opt-in
+  assert cfg.bwd_dq_regs and cfg.q_regs_cols == 0                 # session 14
 
 
 @pytest.mark.parametrize("h,masked", [(256, False), (256, True)])
@@ -82,6 +83,7 @@ def test_default_config_masked_head_dim_64(seq_k):
   assert (cfg.persistent, cfg.dynamic_schedule) == (on, on)
   assert cfg.block_kv == (128 if on else 256)
   assert cfg.pin_softmax and cfg.named_free
+  assert cfg.q_regs_cols == (64 if on else 0)          # session 14: 1.011 -> 1.041x cuDNN
 
 
 @pytest.mark.parametrize("seq_k", [1024, 2048, 4096, 8192])
@@ -93,6 +95,7 @@ def test_default_config_unmasked_head_dim_64(seq_k):
   on = 1024 < seq_k <= 4096
   assert (cfg.persistent, cfg.named_barriers) == (on, not on)
   assert cfg.block_kv == 256 and not cfg.dynamic_schedule
+  assert cfg.q_regs_cols == (64 if on else 0)          # session 14: 0.989 -> 1.030x cuDNN
 
 
 def test_unmasked_head_dim_64_default_launches_persistent_when_compiled(launched):

@@ -36,7 +36,7 @@ def test_interpret_mode_ignores_register_q():
 
 
 @pytest.mark.parametrize("h,cols,causal", [(64, 64, False), (128, 128, True), (256, 128, False),
-                                           (128, 512, False)],
+                                           (128, 512, True)],
                          ids=["h64_all", "h128_all_causal", "h256_split", "h128_clipped"])
 def test_register_q_lowers_for_sm90(h, cols, causal):
   """The forward with Q (or its first ``cols`` columns) in registers lowers and differs from
@@ -66,8 +66,13 @@ def _forward_statics(cfg, *, h, interpret):
 
 
 def test_statics_clip_and_drop_register_q():
-  cfg = Config(q_regs_cols=512)
+  cfg = Config(q_regs_cols=512, block_kv=64)
   assert _forward_statics(cfg, h=128, interpret=False).q_regs_cols == 128
+  assert _forward_statics(Config(q_regs_cols=128, block_kv=64), h=256,
+                          interpret=False).q_regs_cols == 128
+  # Unmasked with block_kv == head dim: wrong outputs compiled (H200, session 14), not served.
+  assert _forward_statics(Config(q_regs_cols=64, block_kv=64), h=64,
+                          interpret=False).q_regs_cols == 0
   assert _forward_statics(cfg, h=128, interpret=True).q_regs_cols == 0
   assert _forward_statics(dataclasses.replace(cfg, overlap=True), h=128,
                           interpret=False).q_regs_cols == 0
