@@ -163,7 +163,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       plgpu.barrier_wait(q_ready.at[3 * wg + i])
     # ``st.qdo_regs``: Q and dO, the same for every K/V block, as register A operands of S and
     # dP (H / 2 registers a thread each): the step's SMEM reads drop from 80 to 48 KB a consumer
-    # (q_operands in kernels.py says why that matters).
+    # (operands.q_operands says why that matters).
     q_op, do_op = (q_smem[...], do_smem[...]) if st.qdo_regs else (q_smem, do_smem)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     lse2 = plgpu.load(rows_smem2.at[wg, 0], layout=row_layout)
@@ -339,7 +339,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     pt_smem = None if pt_smem2 is None else pt_smem2.at[wg]
     # ``st.kv_regs``: this consumer's K and / or V tile (the same for every Q block) as the
     # register A operand of S^T = K Q^T / dP^T = V dO^T (H / 2 registers a thread each), which
-    # takes 16 KB a step off the SMEM reads (kernels.q_operands says why that can matter).
+    # takes 16 KB a step off the SMEM reads (operands.q_operands says why that can matter).
     k_op = k_smem[...] if "k" in st.kv_regs else k_smem
     v_op = v_smem[...] if "v" in st.kv_regs else v_smem
     defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything

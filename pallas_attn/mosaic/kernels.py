@@ -38,6 +38,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
 from pallas_attn.mosaic import fastexp, overlap, schedule
+from pallas_attn.mosaic.operands import q_operands
 
 LOG2E = math.log2(math.e)
 WG_THREADS = 128
@@ -144,28 +145,6 @@ def _mask(q_start, k_start, kv_len, q_seg, kv_seg, st: Statics):
     mask = masks.and_masks(mask, lax.broadcast_in_dim(q_seg, shape, [0])
                            == lax.broadcast_in_dim(kv_seg, shape, [1]))
   return mask
-
-
-def q_operands(q_smem, reg_cols: int):
-  """S = Q K^T's A operands as ``[(operand, columns)]``: Q's first ``reg_cols`` columns loaded
-  into registers (wgmma layout), the rest left in shared memory; S = sum over the parts of
-  Q[:, cols] K[:, cols]^T.
-
-  Why: with both operands in SMEM an m64 n64 k16 wgmma reads 4 KB per 32 tensor-core cycles, the
-  SM's whole shared-memory bandwidth (128 B/cycle), and the K/V TMA writes share it. Q is the
-  same for every K/V block of a tile, so holding it in registers (H / 2 registers a thread at
-  64 rows per warpgroup) removes a third to a half of the step's SMEM reads; at H = 256 only
-  part of Q fits next to O's 128 registers, hence a column split (multiples of 64: one swizzle
-  row).
-  """
-  h = q_smem.shape[-1]
-  reg_cols = min(reg_cols, h)
-  if reg_cols == 0:
-    return [(q_smem, slice(None))]
-  if reg_cols == h:
-    return [(q_smem[...], slice(None))]
-  head, tail = pl.ds(0, reg_cols), pl.ds(reg_cols, h - reg_cols)
-  return [(q_smem.at[:, head][...], head), (q_smem.at[:, tail], tail)]
 
 
 def fwd_kernel(*refs, st: Statics, has_meta: bool):
