@@ -148,7 +148,7 @@ class Config:
       writes need it too (NOTES, session 12); Q in registers takes H / 2 registers a thread, so
       at H = 256 (O alone is 128) only a part fits. Interpret mode ignores it (no register
       wgmma operands there); not with ``overlap`` (its own loop keeps Q in SMEM); nor in the
-      unmasked loop when ``block_kv`` equals the columns held (``ops.register_q_cols``: wrong
+      unmasked loop when ``block_kv`` equals the head dim (``ops.register_q_cols``: wrong
       outputs compiled at H = 128 / 128 keys and H = 64 / 64 keys, cause not located). H200 (session 14): H = 64 +4% (full and
       causal 4x4096x32x64, now the default there); H = 128 causal and H = 256 within +-1.5%.
       0 (off) elsewhere.

@@ -319,16 +319,15 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> int:
   """Columns of Q the forward holds in registers (``Config.q_regs_cols``), 0 where it is not
   served: interpret mode (no register wgmma operands), ``overlap`` (its own loop), and the
-  unmasked loop when Q's register part has P's shape ([block_q, block_kv]). Compiled on the
-  H200 that last form gave wrong outputs (H = 128 with 128-key blocks in every launch form,
-  H = 64 with 64-key blocks), while the masked loops with the same tiles, and unmasked H = 128
-  with 64-key blocks, H = 64 with 128 / 256 and H = 256 (128 columns) with 64 were right
-  (benchmarks/NOTES.md, session 14). The cause (in the compiled lowering of two same-shaped
-  register A operands in one loop, it seems) is not located, so Q stays in shared memory."""
-  cols = min(cfg.q_regs_cols, hp)
-  if interpret or cfg.overlap or (not masked and cfg.block_kv == cols):
+  unmasked loop with as many keys per block as the head dim. Compiled on the H200 that last
+  form gave wrong outputs: H = 128 with 128-key blocks (all of Q or its first 64 columns in
+  registers; every launch form: grid, persistent, mbarrier turns) and H = 64 with 64-key
+  blocks; while the masked loops with the same tiles, and unmasked H = 128 with 64-key blocks,
+  H = 64 with 128 / 256 and H = 256 (128 columns) with 64 were right (benchmarks/NOTES.md,
+  session 14). The cause is not located, so that form keeps Q in shared memory."""
+  if interpret or cfg.overlap or (not masked and cfg.block_kv == hp):
     return 0
-  return cols
+  return min(cfg.q_regs_cols, hp)
 
 
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
