@@ -24,7 +24,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 ROWS = 64
 
 
-def build(h: int, bkv: int, *, regs: bool, iters: int = 8, nblk: int = 2):
+def build(h: int, bkv: int, *, regs: bool, iters: int = 8, nblk: int = 2,
+          softmax: bool = False):
   tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
   def body(q_ref, k_ref, v_ref, o_ref, q_smem, k_smem, v_smem, o_smem, bar):
@@ -42,13 +43,28 @@ def build(h: int, bkv: int, *, regs: bool, iters: int = 8, nblk: int = 2):
         plgpu.wgmma(acc_ref, q, k_smem.at[slot].transpose((1, 0)))
         return acc_ref[...]
       s = pl.run_scoped(qk, plgpu.ACC((ROWS, bkv), jnp.float32))
-      p = (s * 0.05).astype(jnp.bfloat16)
+      if softmax:       # the forward's online softmax (base 2, folded scale)
+        acc, m, l = acc
+        m_new = jnp.maximum(m, s.max(axis=1) * 0.1)
+        p32 = jnp.exp2(s * 0.1 - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        alpha = jnp.exp2(m - m_new)
+        l = l * alpha + p32.sum(axis=1)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        p, m = p32.astype(jnp.bfloat16), m_new
+      else:
+        p = (s * 0.05).astype(jnp.bfloat16)
 
       def pv(acc_ref):
         plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-      return pl.run_state(pv)(plgpu.ACC.init(acc))
+      acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+      return (acc, m, l) if softmax else acc
     acc = plgpu.layout_cast(jnp.full((ROWS, h), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-    acc = lax.fori_loop(0, iters, step, acc)
+    if softmax:
+      row = plgpu.layout_cast(jnp.full((ROWS,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+      acc, _, l = lax.fori_loop(0, iters, step, (acc, row - jnp.inf, row))
+      acc = acc * lax.broadcast_in_dim(1.0 / l, acc.shape, [0])
+    else:
+      acc = lax.fori_loop(0, iters, step, acc)
     o_smem[...] = acc.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref)
@@ -83,9 +99,16 @@ def main() -> int:
     v = jax.random.normal(keys[2], (2, bkv, h), jnp.bfloat16)
     if lower_only:
       for regs in (True, False):
-        jax.jit(build(h, bkv, regs=regs)).trace(q, k, v).lower(lowering_platforms=("cuda",))
+        for softmax in (True, False):
+          jax.jit(build(h, bkv, regs=regs, softmax=softmax)).trace(q, k, v).lower(
+              lowering_platforms=("cuda",))
       print(f"H={h} block_kv={bkv}: lowers")
       continue
+    run = lambda **kw: np.asarray(jax.jit(build(h, bkv, softmax=True, **kw))(q, k, v),
+                                  np.float32)
+    soft = np.max(np.abs(run(regs=True) - run(regs=False)))
+    print(f"H={h} block_kv={bkv}: with the softmax, max |registers - SMEM| {soft:.3e}",
+          flush=True)
     ref = reference(q, k, v, 8)
     err = {regs: float(np.max(np.abs(np.asarray(jax.jit(build(h, bkv, regs=regs))(q, k, v),
                                                  np.float32) - ref)))
