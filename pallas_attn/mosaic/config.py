@@ -149,9 +149,9 @@ class Config:
       at H = 256 (O alone is 128) only a part fits. Interpret mode ignores it (no register
       wgmma operands there); not with ``overlap`` (its own loop keeps Q in SMEM); nor in the
       unmasked loop when ``block_kv`` equals the head dim (``ops.register_q_cols``: wrong
-      outputs compiled at H = 128 / 128 keys and H = 64 / 64 keys, cause not located). H200 (session 14): H = 64 +4% (full and
-      causal 4x4096x32x64, now the default there); H = 128 causal and H = 256 within +-1.5%.
-      0 (off) elsewhere.
+      outputs compiled at H = 128 / 128 keys and H = 64 / 64 keys, cause not located).
+      H200 (session 14): H = 64 +4% (full and causal 4x4096x32x64, now the default there);
+      H = 128 causal and H = 256 within +-1.5%. 0 (off) elsewhere.
     bwd_dq_regs: the compiled dQ kernel takes Q and dO (the same for every K/V block of its
       tile) as register A operands of S = Q K^T and dP = dO V^T: its SMEM reads per step drop
       from 80 to 48 KB a consumer at H = 128, for 64 more registers a thread (dQ 64 + S 32 +
