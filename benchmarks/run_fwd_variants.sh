@@ -13,11 +13,7 @@ source benchmarks/setup_gpu.sh >/dev/null 2>&1
 set_name="${1:-tiles}"
 limit="${2:-45}"
 out="${OUT:-/tmp}"
-one() {
-  echo "=== $*" >> "$out/fwd.log"
-  timeout -k 5 "$limit" python3 benchmarks/mosaic_one.py "$@" --cudnn --out "$out/fwd.jsonl" \
-      >> "$out/fwd.log" 2>&1 || echo "rc=$? $*" | tee -a "$out/fwd.log"
-}
+source benchmarks/one_fwd.sh
 if [ "$set_name" = s11 ]; then
   for mask in "" --causal; do
     for f in "" sum_in_pv=True "overlap=True,block_kv=128" \

@@ -5,11 +5,7 @@
 # head dims, each config in its own process with its error against the reference and cuDNN.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 out="${OUT:-/tmp}"
-one() {
-  echo "=== $*" >> "$out/fwd.log"
-  timeout -k 5 60 python3 benchmarks/mosaic_one.py "$@" --cudnn --out "$out/fwd.jsonl" \
-      >> "$out/fwd.log" 2>&1 || echo "rc=$? $*" | tee -a "$out/fwd.log"
-}
+source benchmarks/one_fwd.sh
 for f in q_regs_cols=128 "q_regs_cols=128,persistent=False" "q_regs_cols=128,named_barriers=False" \
          "q_regs_cols=128,pin_softmax=True"; do
   one --shape 4x1024x16x128 --fields "$f"
@@ -18,11 +14,4 @@ for f in "" q_regs_cols=128; do one --shape 4x4096x8x256 --fields "$f"; done
 one --shape 4x4096x8x256 --causal --fields q_regs_cols=128
 for f in "" q_regs_cols=64; do one --shape 4x4096x32x64 --fields "$f"; done
 one --shape 1x16384x16x128 --fields q_regs_cols=128
-python3 - "$out/fwd.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-  r = json.loads(line)
-  print(r["shape"], "causal" if r["causal"] else "full", r["fields"] or "default",
-        "err %.2e" % r.get("rel_err", -1), "ms %.4f" % r.get("ms", -1),
-        "cudnn %.4f" % r.get("cudnn_ms", -1), "%.3fx" % r.get("speedup_vs_cudnn", 0))
-PY
+python3 benchmarks/mosaic_one_summary.py "$out/fwd.jsonl"

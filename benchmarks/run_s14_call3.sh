@@ -20,24 +20,13 @@ jax.jit(f).lower(q).compile()
   grep -h -i -E "C75|Used [0-9]+ registers|spill" /tmp/ptx_kv$r/* /tmp/ptx_kv$r.log 2>/dev/null \
       | grep -v "^#loc\|loc(" | sed 's/ptxas info *: //' | sort | uniq -c | head -8
 done 2>&1 | tee "$out/ptxas_kvregs.txt"
-one() {
-  echo "=== $*" >> "$out/fwd.log"
-  timeout -k 5 60 python3 benchmarks/mosaic_one.py "$@" --cudnn --out "$out/fwd.jsonl" \
-      >> "$out/fwd.log" 2>&1 || echo "rc=$? $*" | tee -a "$out/fwd.log"
-}
+source benchmarks/one_fwd.sh
 for f in q_regs_cols=64 "q_regs_cols=128,block_kv=64" "q_regs_cols=128,fold_scale=False"; do
   one --shape 4x1024x16x128 --fields "$f"
 done
 one --shape 4x1000x16x128 --fields q_regs_cols=128
 for f in "" q_regs_cols=64; do one --shape 4x4096x32x64 --causal --fields "$f"; done
-python3 - "$out/fwd.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-  r = json.loads(line)
-  print(r["shape"], "causal" if r["causal"] else "full", r["fields"] or "default",
-        "err %.2e" % r.get("rel_err", -1), "ms %.4f" % r.get("ms", -1),
-        "cudnn %.4f" % r.get("cudnn_ms", -1), "%.3fx" % r.get("speedup_vs_cudnn", 0))
-PY
+python3 benchmarks/mosaic_one_summary.py "$out/fwd.jsonl"
 timeout -k 5 300 python3 benchmarks/bwd_breakdown.py --out "$out" --peers cudnn \
     --variant kr:bwd_dkdv_regs=k --variant vr:bwd_dkdv_regs=v --variant dqr:bwd_dq_regs=True \
     --rows 4x4096x16x128 --causal 0,1 --budget-s 240 2>&1 | grep -v "^W0\|^I0" | tail -12

@@ -4,11 +4,7 @@
 # the same process.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 out="${OUT:-/tmp}"
-one() {
-  echo "=== $*" >> "$out/fwd.log"
-  timeout -k 5 60 python3 benchmarks/mosaic_one.py "$@" --cudnn --out "$out/fwd.jsonl" \
-      >> "$out/fwd.log" 2>&1 || echo "rc=$? $*" | tee -a "$out/fwd.log"
-}
+source benchmarks/one_fwd.sh
 one --shape 4x1024x16x128 --fields q_regs_cols=128
 one --shape 4x1024x16x128 --fields "q_regs_cols=128,persistent=False"
 one --shape 4x4096x16x128 --fields q_regs_cols=128
@@ -17,11 +13,4 @@ one --shape 1x16384x16x128 --fields q_regs_cols=128
 one --shape 1x16384x16x128 --fields ""
 one --shape 4x4096x32x64 --fields q_regs_cols=64
 one --shape 4x4096x32x64 --fields "q_regs_cols=64,block_kv=128,persistent=False"
-python3 - "$out/fwd.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-  r = json.loads(line)
-  print(r["shape"], "causal" if r["causal"] else "full", r["fields"] or "default",
-        "err %.2e" % r.get("rel_err", -1), "ms %.4f" % r.get("ms", -1),
-        "cudnn %.4f" % r.get("cudnn_ms", -1), "%.3fx" % r.get("speedup_vs_cudnn", 0))
-PY
+python3 benchmarks/mosaic_one_summary.py "$out/fwd.jsonl"
