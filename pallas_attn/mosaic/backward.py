@@ -343,6 +343,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     k_op = k_smem[...] if "k" in st.kv_regs else k_smem
     v_op = v_smem[...] if "v" in st.kv_regs else v_smem
     defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything
+    lag = bool(dq_sink) and st.dq_lag and not st.dq_writer
 
     def probs_t(s, i, slot, masked: bool):
       """k.q (transposed tile) -> (P^T, D row-broadcast, tanh of the softcap | None, mask)."""
@@ -413,6 +414,59 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       else:
         pl.when(buf == wg)(partial_dq)
 
+    def ds_handoff(step_no, dst):
+      """(``st.dq_lag``) This step's dS^T into its buffer for both consumers' dQ one step
+      later. The buffer was last read by the dQ wgmmas of two steps ago (``ds_free``)."""
+      buf = lax.rem(step_no, 2)
+      pl.when(step_no >= 2)(lambda: plgpu.barrier_wait(ds_free.at[buf]))
+      ds_smem.at[buf, wg][...] = dst
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(ds_ready.at[buf])
+
+    def lagged_dq(prev, issue_dk=None):
+      """(``st.dq_lag``) dQ of step ``prev`` (one behind): as ``dq_update``'s products, but
+      a consumer waits only for the other's dS^T of the step before (``ds_ready``), so the two
+      never meet in the loop, and this step's dK += dS^T Q (``issue_dk``) goes to the tensor
+      cores behind the dQ wgmmas, running while the fp32 partial is stored and reduced."""
+      buf = lax.rem(prev, 2)
+      plgpu.barrier_wait(ds_ready.at[buf])
+      hd = k_smem.shape[-1]
+      split = hd % (64 * COMPUTE_WGS) == 0
+      width = hd // COMPUTE_WGS if split else hd
+      cols = pl.ds(wg * width if split else 0, width)
+      per = jnp.maximum(per_head, 1)
+      head = kv_head * st.groups + lax.div(prev, per)
+      rows = pl.ds((lo + lax.rem(prev, per)) * bq, bq)
+
+      def compute():
+        def body(acc_ref):
+          for w in range(COMPUTE_WGS):
+            plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
+          if issue_dk is None:
+            return acc_ref[...]
+          issue_dk()
+          return plgpu.wgmma_accumulator_load(acc_ref, wait_n=1)   # dK stays in flight
+        part = pl.run_scoped(body, plgpu.ACC((bq, width), jnp.float32))
+        plgpu.barrier_arrive(ds_free.at[buf])   # the dQ wgmmas reading dS^T[buf] have retired
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # last partial has left SMEM
+        dqt_smem.at[wg][...] = part
+        plgpu.commit_smem()
+        if dq_sink == "reduce":
+          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[batch, rows, head, cols],
+                                  reduction_op="add")
+        else:
+          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[tile, batch, rows, head, cols])
+
+      def skip():                  # H = 64: the other consumer computes this step's dQ
+        if issue_dk is not None:
+          issue_dk()
+        plgpu.barrier_arrive(ds_free.at[buf])
+      if split:
+        compute()
+      else:
+        pl.when(buf == wg)(compute)
+        pl.when(buf != wg)(skip)
+
     def wait_inputs(slot):
       plgpu.barrier_wait(q_ready.at[slot])
       plgpu.barrier_wait(rows_ready.at[slot])
@@ -433,7 +487,11 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       release_do(slot)
       dst = grad_logits_t(pt, dpt, delta, t, mask)
       dk = _matmul_acc(dk, dst, q_smem.at[slot], pt_smem, registers=st.registers_pv)
-      if dq_sink:
+      if lag:
+        step_no = n * per_head + (i - lo)
+        ds_handoff(step_no, dst)
+        pl.when(step_no >= 1)(lambda: lagged_dq(step_no - 1))
+      elif dq_sink:
         dq_update(n, i, dst)
       release_q(slot)
       return dk, dv
@@ -471,9 +529,15 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         return grad_logits_t(pt, dpt, delta, t, mask)
       acc = plgpu.ACC(shape, jnp.float32)
       dst = pl.run_scoped(scores, acc, acc)
-      plgpu.wgmma(dk_acc, dst, q_smem.at[slot])
-      if dq_sink:
-        dq_update(n, i, dst)                    # waits for every wgmma in flight
+      issue_dk = lambda: plgpu.wgmma(dk_acc, dst, q_smem.at[slot])
+      if lag:
+        ds_handoff(step_no, dst)
+        pl.when(step_no >= 1)(lambda: lagged_dq(step_no - 1, issue_dk))
+        pl.when(step_no == 0)(issue_dk)
+      else:
+        issue_dk()
+        if dq_sink:
+          dq_update(n, i, dst)                  # waits for every wgmma in flight
       if not defer:
         plgpu.wgmma_wait(1)                     # dV done: dO's slot can be refilled
         release_do(slot)
@@ -512,7 +576,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       for back in (2, 1):
         pl.when(steps >= back)(lambda b=back: plgpu.barrier_wait(ds_free.at[lax.rem(steps - b, 2)]))
     elif dq_sink:   # the other consumer's last dQ wgmma reads this K tile: meet before dK goes there
-      meet()
+      if lag:
+        # The last step's dQ, one behind like the others; then the last two ``ds_free`` phases
+        # (one per buffer): both consumers' last dQ wgmmas, readers of this K tile, retired.
+        steps = st.groups * per_head
+        pl.when(steps >= 1)(lambda: lagged_dq(steps - 1))
+        for back in (2, 1):
+          pl.when(steps >= back)(
+              lambda b=back: plgpu.barrier_wait(ds_free.at[lax.rem(steps - b, 2)]))
+      else:
+        meet()
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
@@ -637,6 +710,7 @@ def _dq_width(head_dim: int) -> int:
 def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False):
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   writer = fused_dq and st.dq_writer
+  lag = fused_dq and st.dq_lag and not writer
   smem = (
       plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # K, then dK
       plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # V, then dV
@@ -662,7 +736,9 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS) if fused_dq and not writer else None,  # rendezvous
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=2) if writer else None,   # dS^T ready
-      plgpu.Barrier(num_arrivals=1, num_barriers=2) if writer else None,             # dS^T free
+      # dS^T ready / free (the writer; or the consumers' lagged dQ, each reading both buffers)
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=2) if writer or lag else None,
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS if lag else 1, num_barriers=2)
+      if writer or lag else None,
   )
   return smem, bars

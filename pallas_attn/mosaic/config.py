@@ -65,6 +65,14 @@ class Config:
       its accumulator needs, ignores the setmaxnreg split (C7507) and serialises every wgmma of
       the kernel (C7512), the consumers' included. Off; it needs a writer whose matmul fits
       ~40 registers (or the consumers below ~216) before it can pay.
+    bwd_dq_lag: the fused dQ (as ``bwd_fused_dq``, which it implies) without its per-step
+      rendezvous: at step s each consumer hands its dS^T to a double-buffered slot (mbarriers
+      ``ds_ready`` / ``ds_free``) and computes its half of dQ for step s - 1, whose dS^T tiles
+      both consumers finished a step ago, so neither waits for the other unless it is a whole
+      step ahead, and the two drift out of lockstep (the session-6 rendezvous aligned their
+      non-matmul phases, leaving the tensor cores idle at once). The step's dK += dS^T Q is
+      issued behind the dQ wgmmas and runs while the fp32 partial is stored and TMA-reduced.
+      Not bitwise deterministic (reduction order), so off by default.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -178,6 +186,7 @@ class Config:
   bwd_registers: int = 232
   bwd_pt_smem: bool = False
   bwd_dq_writer: bool = False
+  bwd_dq_lag: bool = False
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True
@@ -218,6 +227,9 @@ class Config:
                        f"{self.bwd_dkdv_regs!r}")
     if self.bwd_registers not in (224, 232, 240):
       raise ValueError(f"Config.bwd_registers must be 224, 232 or 240, got {self.bwd_registers!r}")
+    if self.bwd_dq_lag and self.bwd_dq_writer:
+      raise ValueError("Config.bwd_dq_lag and Config.bwd_dq_writer are two forms of the fused dQ;"
+                       " choose one")
     if self.backward not in BACKWARDS:
       raise ValueError(f"Config.backward must be one of {BACKWARDS}, got {self.backward!r}")
     for f in ("num_stages", "bwd_num_stages"):

@@ -101,6 +101,7 @@ class Statics:
   pt_smem: bool = False         # dK/dV (compiled): dV += P^T dO reads P^T from SMEM, not registers
   dq_writer: bool = False       # fused dQ: the producer warpgroup computes dQ from the consumers'
                                 # dS^T (no consumer rendezvous); consumers at 224 registers
+  dq_lag: bool = False          # fused dQ: each consumer's dQ runs one step behind (no meeting)
   consumers: int = COMPUTE_WGS  # forward: consumer warpgroups (2, or 3: 192-row CTA tiles)
   poly_cols: int = 0            # forward: unmasked blocks' columns exponentiated on the FMA pipe
   sum_in_pv: bool = False       # forward: P's row sum computed after the P V wgmma is issued

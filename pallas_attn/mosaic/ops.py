@@ -144,7 +144,7 @@ def fused_dq_served(cfg: Config, st: kernels.Statics, hp: int, *arrays) -> bool:
   or 128 / 256 (each takes H/2 columns: whole 64-column swizzle rows), the tiles fit in shared
   memory, and no operand varies over a shard_map axis (the accumulator is a fresh mutable
   buffer)."""
-  if not (cfg.bwd_fused_dq or cfg.bwd_dq_writer) or hp not in (64, 128, 256):
+  if not (cfg.bwd_fused_dq or cfg.bwd_dq_writer or cfg.bwd_dq_lag) or hp not in (64, 128, 256):
     return False
   if cfg.bwd_dq_writer and hp not in (64, 128):
     return False
@@ -174,6 +174,7 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 defer_wait=cfg.bwd_defer_wait and not interpret,
                 consumer_registers=cfg.bwd_registers,
                 pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer,
+                dq_lag=cfg.bwd_dq_lag,
                 qdo_regs=cfg.bwd_dq_regs and not interpret,
                 kv_regs="" if interpret else cfg.bwd_dkdv_regs)
   hp = padded_head_dim(q.shape[-1])

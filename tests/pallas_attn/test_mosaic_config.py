@@ -29,6 +29,11 @@ def test_config_rejects_bad_values(field, value):
     Config(**{field: value})
 
 
+def test_config_rejects_two_fused_dq_forms():
+  with pytest.raises(ValueError, match="bwd_dq_lag"):
+    Config(bwd_dq_lag=True, bwd_dq_writer=True)
+
+
 @pytest.mark.parametrize("h,want", [(32, 64), (64, 64), (72, 128), (128, 128), (192, 192),
                                     (200, 256), (256, 256)])
 def test_padded_head_dim(h, want):
@@ -202,6 +207,8 @@ BWD_CONFIGS = {"default": Config(), "dq128_3stages": Config(bwd_dq_block_kv=128,
                "pt_smem_regs240": Config(bwd_pt_smem=True, bwd_registers=240, named_free=True),
                "dq_writer": Config(bwd_dq_writer=True),
                "dq_writer_named": Config(bwd_dq_writer=True, named_free=True),
+               "dq_lag": Config(bwd_dq_lag=True),
+               "dq_lag_named240": Config(bwd_dq_lag=True, named_free=True, bwd_registers=240),
                "dq_regs": Config(bwd_dq_regs=True), "kv_regs": Config(bwd_dkdv_regs="kv"),
                "k_regs": Config(bwd_dkdv_regs="k")}
 
@@ -228,8 +235,10 @@ def test_compiled_backward_lowers_for_sm90(h, kw, cfg_name):
   assert ops.dq_smem_bytes(st=st_dq, head_dim=padded_head_dim(h)) <= ops.SMEM_LIMIT_BYTES
   cfg = BWD_CONFIGS[cfg_name]
   fused = ops.fused_dq_served(cfg, st_dkdv, padded_head_dim(h))
-  assert fused == ((cfg.bwd_fused_dq or cfg.bwd_dq_writer) and padded_head_dim(h) in (64, 128))
+  assert fused == ((cfg.bwd_fused_dq or cfg.bwd_dq_writer or cfg.bwd_dq_lag)
+                   and padded_head_dim(h) in (64, 128))
   assert st_dkdv.dq_writer == cfg.bwd_dq_writer
+  assert st_dkdv.dq_lag == cfg.bwd_dq_lag
   assert st_dq.named_free == st_dkdv.named_free == BWD_CONFIGS[cfg_name].named_free
   assert st_dq.defer_wait == st_dkdv.defer_wait == BWD_CONFIGS[cfg_name].bwd_defer_wait
   assert st_dq.consumer_registers == st_dkdv.consumer_registers == cfg.bwd_registers
@@ -409,12 +418,13 @@ def _assert_grads_match_reference(cfg: Config, *, b, t, s, n, kh, h, seed, **ext
                                                         segments=True, kv_lengths=True),
                                 dict()], ids=["causal", "window_softcap_seg_len", "full"])
 @pytest.mark.parametrize("h", [128, 64], ids=["h128_split_columns", "h64_alternate_steps"])
-@pytest.mark.parametrize("writer", [False, True], ids=["consumers", "dq_writer"])
-def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, writer, monkeypatch):
+@pytest.mark.parametrize("form", ["consumers", "dq_writer", "dq_lag"])
+def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, form, monkeypatch):
   """``bwd_fused_dq``: dQ from the dK/dV kernel (interpret mode: per-tile partials summed
-  outside; compiled: TMA reductions), by the consumers after a rendezvous or (``bwd_dq_writer``)
-  by the producer warpgroup. GQA 4:2 with T, S off the tile; the separate dQ kernel must not
-  run."""
+  outside; compiled: TMA reductions), by the consumers after a rendezvous, (``bwd_dq_writer``)
+  by the producer warpgroup, or (``bwd_dq_lag``) by the consumers one step behind. GQA 4:2
+  with T, S off the tile (several Q blocks and two group heads per K/V tile, so the lagged
+  form's hand-over crosses heads); the separate dQ kernel must not run."""
   from pallas_attn.mosaic import backward
 
   def no_dq_kernel(*a, **k):
@@ -427,7 +437,8 @@ def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, writer, mo
     extra["kv_segment_ids"] = (jnp.arange(s)[None] * 3 // s).repeat(b, 0)
   if kw.get("kv_lengths"):
     extra["kv_lengths"] = jnp.array([s, 77], jnp.int32)
-  cfg = Config(block_kv=64, bwd_fused_dq=not writer, bwd_dq_writer=writer, backward="mosaic")
+  cfg = Config(block_kv=64, bwd_fused_dq=form == "consumers", bwd_dq_writer=form == "dq_writer",
+               bwd_dq_lag=form == "dq_lag", backward="mosaic")
   _assert_grads_match_reference(cfg, b=b, t=t, s=s, n=4, kh=2, h=h, seed=7, **extra)
 
 
