@@ -80,3 +80,33 @@ def test_statics_clip_and_drop_register_q():
   assert _forward_statics(cfg, h=128, interpret=True).q_regs_cols == 0
   assert _forward_statics(dataclasses.replace(cfg, overlap=True), h=128,
                           interpret=False).q_regs_cols == 0
+
+
+# The rows where ``default_config`` turns register Q on (H = 64, 1025-4096 keys), with every
+# mask that reaches its loops: unmasked (persistent, 256-key blocks), causal / window (128-key
+# blocks, masked and unmasked loops), kv_lengths and segment ids (the masked loops of the grid).
+# The shared grid's key lengths stop at 1024, so none of its cases takes this path.
+REGISTER_Q_ROWS = [
+    H.Case(t=1000, s=1536, n=4, kh=2, seed=301),
+    H.Case(t=1000, s=1536, n=4, kh=2, causal=True, seed=302),
+    H.Case(t=1000, s=1536, n=4, kh=2, window=(300, 40), softcap=20.0, seed=303),
+    H.Case(t=1000, s=1536, n=4, kh=2, kv_lengths=(1536, 1100), seed=304),
+    H.Case(t=1000, s=1536, n=4, kh=2, segments=3, seed=305),
+    H.Case(t=1000, s=2048, n=4, kh=2, causal=True, segments=2, kv_lengths=(2048, 1300),
+           dtype="float16", seed=306),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", REGISTER_Q_ROWS, ids=lambda c: c.id)
+def test_register_q_default_rows_compiled(case):
+  """Compiled: the default config of these rows (Q in registers) passes the ratio rule, and its
+  forward is bitwise the same config's with Q read from shared memory (same products, same
+  order)."""
+  masked = case.causal or case.window is not None
+  cfg = default_config(head_dim=case.h, seq_k=case.s, masked=masked)
+  assert cfg.q_regs_cols == 64
+  res = H.check_case(case, "mosaic", config=cfg)
+  smem = H.runner(case, implementation="mosaic",
+                  config=dataclasses.replace(cfg, q_regs_cols=0))(H.case_data(case)[0])
+  H.assert_bitwise(res, smem, f"register Q vs SMEM Q, {case.id}", names=("out", "lse"))
