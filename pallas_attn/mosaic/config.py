@@ -33,6 +33,8 @@ class Config:
       Floating-point addition order then varies from run to run (not bitwise deterministic).
       Off: on the H200 it was 3-17% slower fwd+bwd than the two kernels (the consumers'
       per-step rendezvous over dS^T serialises the ping-pong; benchmarks/NOTES.md, session 6).
+      With ``bwd_registers=240`` (session 15): 0.7-1.3% faster than the two kernels at
+      4x4096x16x128 full, 1-8% slower at T = 1024 and on causal rows.
     bwd_defer_wait: compiled backward (both kernels): a step's last wgmma (dQ += dS K; dK +=
       dS^T Q, with dV before it) is not waited at the end of the step but by the next step's
       first accumulator load, after that step's S and dP are issued, so the tensor cores get the
@@ -72,7 +74,11 @@ class Config:
       step ahead, and the two drift out of lockstep (the session-6 rendezvous aligned their
       non-matmul phases, leaving the tensor cores idle at once). The step's dK += dS^T Q is
       issued behind the dQ wgmmas and runs while the fp32 partial is stored and TMA-reduced.
-      Not bitwise deterministic (reduction order), so off by default.
+      Not bitwise deterministic (reduction order), so off by default. H200 (session 15), with
+      ``named_free=True, bwd_registers=240``: fwd+bwd 3.603 -> 3.498 ms at 4x4096x16x128 full
+      (0.898 -> 0.925x cuDNN), the fastest backward measured there; at T = 1024 and on causal
+      rows 1-10% slower than the two kernels. At 232 registers it spills 268 bytes and is
+      27-40% slower: use it with 240.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
