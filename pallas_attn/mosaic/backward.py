@@ -11,11 +11,11 @@ that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
   query head of the K/V head's group and every visible Q block, the Q and dO tiles and the L2 / D
   vectors. The group's heads are summed inside the CTA in a fixed order: GQA/MQA gradients are
   deterministic, no atomics.
-* Fused dQ (``Config.bwd_fused_dq``, FA3 Section 3.3): the dK/dV kernel alone, also adding
-  scale * dS K into a float32 dQ accumulator (TMA reductions, so the summation order over K/V
-  tiles varies between runs); the dQ kernel and its recomputation of S and dP are skipped.
-  ``Config.bwd_dq_writer`` moves those dQ products from the consumers to the producer
-  warpgroup (``dq_writer_loop``); both fused forms measured slower than the two kernels.
+* Fused dQ (``Config.bwd_fused_dq`` / ``bwd_dq_writer`` / ``bwd_dq_lag``, FA3 Section 3.3;
+  ``fused_dq.py``): the dK/dV kernel alone, also adding scale * dS K into a float32 dQ
+  accumulator (TMA reductions, so the summation order over K/V tiles varies between runs); the
+  dQ kernel and its recomputation of S and dP are skipped. Measured slower than the two kernels
+  except the lag form on long unmasked rows (benchmarks/NOTES.md, session 15).
 
 Compiled, the consumers take 232 registers (the producer 40) and keep their wgmmas in flight:
 S and dP are issued together and P is computed while dP runs, dV += P^T dO is issued before
@@ -33,11 +33,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, SCHEDULE_BAR, WG_THREADS, Statics,
-                                        kv_fetcher, named_barrier, produce, slot_releases,
-                                        tile_ranges)
-
-DQ_SYNC_BAR = SCHEDULE_BAR   # fused dQ rendezvous (named_free); the backward has no ping-pong
+from pallas_attn.mosaic.fused_dq import FusedDQ, dq_width
+from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, kv_fetcher, produce,
+                                        slot_releases, tile_ranges)
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
@@ -279,7 +277,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   barriers.
 
   Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
-  ``dq_sink`` (the fused dQ of FA3 Section 3.3, see ``dq_update`` below): "" = no dQ here (the dQ
+  ``dq_sink`` (the fused dQ of FA3 Section 3.3, ``fused_dq.py``): "" = no dQ here (the dQ
   kernel computes it); "reduce" = fp32 partials added into the mutable ``dq_acc`` [B, T, N, H]
   input by TMA reductions (compiled); "partials" = each K/V tile's partial written to its own
   slice of ``dq_parts`` [tiles, B, T, N, H] and summed outside (interpret mode, whose TMA has
@@ -300,14 +298,6 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       bars)
   (release_q, release_do), waits = slot_releases((q_free, do_free), st)
 
-  def meet():
-    """Both consumers at the same point (fused dQ): a 256-thread hardware barrier with
-    ``named_free``, else an mbarrier rendezvous."""
-    if st.named_free:
-      named_barrier("sync", DQ_SYNC_BAR, COMPUTE_WGS * WG_THREADS)
-    else:
-      plgpu.barrier_arrive(dq_sync)
-      plgpu.barrier_wait(dq_sync)
   batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
                           lax.axis_index("kv_seq"))
   wg = lax.axis_index("wg")
@@ -316,6 +306,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
                                                  batch=batch, tile=tile, full=num_q_blocks)
   per_head = hi - lo                      # Q blocks visited for each head of the group
+  fdq = None if not dq_sink else FusedDQ(
+      st=st, sink=dq_sink, sink_ref=dq_sink_ref, k_smem2=k_smem2, ds_smem=ds_smem,
+      dqt_smem=dqt_smem, dq_sync=dq_sync, ds_ready=ds_ready, ds_free=ds_free, batch=batch,
+      kv_head=kv_head, tile=tile, wg=wg, lo=lo, per_head=per_head)
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
@@ -343,7 +337,6 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     k_op = k_smem[...] if "k" in st.kv_regs else k_smem
     v_op = v_smem[...] if "v" in st.kv_regs else v_smem
     defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything
-    lag = bool(dq_sink) and st.dq_lag and not st.dq_writer
 
     def probs_t(s, i, slot, masked: bool):
       """k.q (transposed tile) -> (P^T, D row-broadcast, tanh of the softcap | None, mask)."""
@@ -365,108 +358,6 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     def grad_logits_t(pt, dpt, delta, t, mask):
       return _grad_logits(pt, dpt, delta, t, mask, k_smem.dtype)
 
-    def dq_update(n, i, dst):
-      """dQ_i += dS_i K for this CTA's keys (FA3 Section 3.3: dQ from the dK/dV kernel, no
-      recomputation of S and dP). Both consumers put dS^T in SMEM (double-buffered by step
-      parity) and meet; consumer w then computes dQ_i[:, w-th H/2 columns] over the CTA's
-      2 * block_kv keys, as two wgmmas with the transposed dS tiles as A, and hands the fp32
-      [block_q, H/2] partial to the TMA engine (one reduction per step and consumer). At H = 64
-      the consumers alternate, each computing all 64 columns on every other step."""
-      step_no = n * per_head + (i - lo)
-      buf = lax.rem(step_no, 2)
-      if st.dq_writer:
-        # Hand dS^T to the producer warpgroup (``dq_writer_loop``): no meeting of the consumers.
-        # The buffer was last read by the writer's dQ wgmmas two steps ago.
-        pl.when(step_no >= 2)(lambda: plgpu.barrier_wait(ds_free.at[buf]))
-        ds_smem.at[buf, wg][...] = dst
-        plgpu.commit_smem()
-        plgpu.barrier_arrive(ds_ready.at[buf])
-        return
-      ds_smem.at[buf, wg][...] = dst
-      plgpu.commit_smem()
-      meet()                                   # both dS^T halves written, and (two steps
-                                               # ago) read by the other side
-      hd = k_smem.shape[-1]
-      # H >= 128: each consumer takes H/2 columns (whole 128-byte swizzle rows of K). H = 64
-      # cannot be split that way, so the consumers take whole steps in turn (by step parity).
-      split = hd % (64 * COMPUTE_WGS) == 0
-      width = hd // COMPUTE_WGS if split else hd
-      cols = pl.ds(wg * width if split else 0, width)
-
-      def partial_dq():
-        def body(acc_ref):
-          for w in range(COMPUTE_WGS):
-            plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
-          return acc_ref[...]
-        part = pl.run_scoped(body, plgpu.ACC((bq, width), jnp.float32))
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # last partial has left SMEM
-        dqt_smem.at[wg][...] = part
-        plgpu.commit_smem()
-        head = kv_head * st.groups + n
-        rows = pl.ds(i * bq, bq)
-        if dq_sink == "reduce":
-          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[batch, rows, head, cols],
-                                  reduction_op="add")
-        else:
-          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[tile, batch, rows, head, cols])
-      if split:
-        partial_dq()
-      else:
-        pl.when(buf == wg)(partial_dq)
-
-    def ds_handoff(step_no, dst):
-      """(``st.dq_lag``) This step's dS^T into its buffer for both consumers' dQ one step
-      later. The buffer was last read by the dQ wgmmas of two steps ago (``ds_free``)."""
-      buf = lax.rem(step_no, 2)
-      pl.when(step_no >= 2)(lambda: plgpu.barrier_wait(ds_free.at[buf]))
-      ds_smem.at[buf, wg][...] = dst
-      plgpu.commit_smem()
-      plgpu.barrier_arrive(ds_ready.at[buf])
-
-    def lagged_dq(prev, issue_dk=None):
-      """(``st.dq_lag``) dQ of step ``prev`` (one behind): as ``dq_update``'s products, but
-      a consumer waits only for the other's dS^T of the step before (``ds_ready``), so the two
-      never meet in the loop, and this step's dK += dS^T Q (``issue_dk``) goes to the tensor
-      cores behind the dQ wgmmas, running while the fp32 partial is stored and reduced."""
-      buf = lax.rem(prev, 2)
-      plgpu.barrier_wait(ds_ready.at[buf])
-      hd = k_smem.shape[-1]
-      split = hd % (64 * COMPUTE_WGS) == 0
-      width = hd // COMPUTE_WGS if split else hd
-      cols = pl.ds(wg * width if split else 0, width)
-      per = jnp.maximum(per_head, 1)
-      head = kv_head * st.groups + lax.div(prev, per)
-      rows = pl.ds((lo + lax.rem(prev, per)) * bq, bq)
-
-      def compute():
-        def body(acc_ref):
-          for w in range(COMPUTE_WGS):
-            plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
-          if issue_dk is None:
-            return acc_ref[...]
-          issue_dk()
-          return plgpu.wgmma_accumulator_load(acc_ref, wait_n=1)   # dK stays in flight
-        part = pl.run_scoped(body, plgpu.ACC((bq, width), jnp.float32))
-        plgpu.barrier_arrive(ds_free.at[buf])   # the dQ wgmmas reading dS^T[buf] have retired
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # last partial has left SMEM
-        dqt_smem.at[wg][...] = part
-        plgpu.commit_smem()
-        if dq_sink == "reduce":
-          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[batch, rows, head, cols],
-                                  reduction_op="add")
-        else:
-          plgpu.copy_smem_to_gmem(dqt_smem.at[wg], dq_sink_ref.at[tile, batch, rows, head, cols])
-
-      def skip():                  # H = 64: the other consumer computes this step's dQ
-        if issue_dk is not None:
-          issue_dk()
-        plgpu.barrier_arrive(ds_free.at[buf])
-      if split:
-        compute()
-      else:
-        pl.when(buf == wg)(compute)
-        pl.when(buf != wg)(skip)
-
     def wait_inputs(slot):
       plgpu.barrier_wait(q_ready.at[slot])
       plgpu.barrier_wait(rows_ready.at[slot])
@@ -487,12 +378,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       release_do(slot)
       dst = grad_logits_t(pt, dpt, delta, t, mask)
       dk = _matmul_acc(dk, dst, q_smem.at[slot], pt_smem, registers=st.registers_pv)
-      if lag:
-        step_no = n * per_head + (i - lo)
-        ds_handoff(step_no, dst)
-        pl.when(step_no >= 1)(lambda: lagged_dq(step_no - 1))
-      elif dq_sink:
-        dq_update(n, i, dst)
+      if fdq is not None:
+        fdq.step(n * per_head + (i - lo), dst)
       release_q(slot)
       return dk, dv
 
@@ -530,14 +417,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       acc = plgpu.ACC(shape, jnp.float32)
       dst = pl.run_scoped(scores, acc, acc)
       issue_dk = lambda: plgpu.wgmma(dk_acc, dst, q_smem.at[slot])
-      if lag:
-        ds_handoff(step_no, dst)
-        pl.when(step_no >= 1)(lambda: lagged_dq(step_no - 1, issue_dk))
-        pl.when(step_no == 0)(issue_dk)
-      else:
+      if fdq is None:
         issue_dk()
-        if dq_sink:
-          dq_update(n, i, dst)                  # waits for every wgmma in flight
+      else:
+        fdq.step(step_no, dst, issue_dk)
       if not defer:
         plgpu.wgmma_wait(1)                     # dV done: dO's slot can be refilled
         release_do(slot)
@@ -569,77 +452,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       def per_group_head(n, carry):
         return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
-    if st.dq_writer and dq_sink:
-      # The writer's last two hand-offs (one per dS^T buffer) are not waited on in the loop;
-      # waiting here also keeps dK out of this K tile until its last dQ wgmma has read it.
-      steps = st.groups * per_head
-      for back in (2, 1):
-        pl.when(steps >= back)(lambda b=back: plgpu.barrier_wait(ds_free.at[lax.rem(steps - b, 2)]))
-    elif dq_sink:   # the other consumer's last dQ wgmma reads this K tile: meet before dK goes there
-      if lag:
-        # The last step's dQ, one behind like the others; then the last two ``ds_free`` phases
-        # (one per buffer): both consumers' last dQ wgmmas, readers of this K tile, retired.
-        steps = st.groups * per_head
-        pl.when(steps >= 1)(lambda: lagged_dq(steps - 1))
-        for back in (2, 1):
-          pl.when(steps >= back)(
-              lambda b=back: plgpu.barrier_wait(ds_free.at[lax.rem(steps - b, 2)]))
-      else:
-        meet()
+    if fdq is not None:
+      fdq.finish(st.groups * per_head)
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[batch, keys, kv_head])
     plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[batch, keys, kv_head])
-    plgpu.wait_smem_to_gmem(0)
-
-  def dq_writer_loop(fetch):
-    """The producer warpgroup as FA3's dQ side (Section 3.3, without its per-step meeting of
-    the consumers): besides refilling the Q/dO ring, for each step it waits for both consumers'
-    dS^T (``ds_ready``), computes dQ_i = dS_i K over the CTA's 2 * block_kv keys in 64-column
-    chunks (two wgmmas each: A = a transposed dS^T buffer, B = a 64-column slice of each
-    consumer's K tile), frees the dS^T buffer (``ds_free``) and hands each fp32 chunk to the
-    TMA engine (reduction into the accumulator, or the per-tile partial in interpret mode). The
-    chunks alternate between two SMEM slots, so a chunk's store waits only for the reduction
-    two chunks back. Consumers never wait for each other; they wait for this warpgroup only if
-    it falls two steps behind."""
-    total = st.groups * per_head
-    hd = k_smem2.shape[-1]
-    chunks = hd // 64
-
-    @pl.loop(0, jnp.minimum(total, stages))
-    def _prologue(s):
-      fetch(s)
-
-    @pl.loop(0, total)
-    def _step(s):
-      buf = lax.rem(s, 2)
-      plgpu.barrier_wait(ds_ready.at[buf])
-      # Refill first: this slot was released right after dS^T was handed over, and the
-      # consumers need it two steps on; dQ has a step's slack.
-      for wait in waits:
-        wait(lax.rem(s, stages))
-      pl.when(s + stages < total)(lambda: fetch(s + stages))
-      head = kv_head * st.groups + lax.div(s, jnp.maximum(per_head, 1))
-      rows = pl.ds((lo + lax.rem(s, jnp.maximum(per_head, 1))) * bq, bq)
-      for c in range(chunks):
-        cols = pl.ds(64 * c, 64)
-
-        def body(acc_ref):
-          for w in range(COMPUTE_WGS):
-            plgpu.wgmma(acc_ref, ds_smem.at[buf, w].transpose((1, 0)), k_smem2.at[w, :, cols])
-          return acc_ref[...]
-        part = pl.run_scoped(body, plgpu.ACC((bq, 64), jnp.float32))
-        if c == chunks - 1:      # every wgmma reading ds_smem[buf] (and K) has retired
-          plgpu.barrier_arrive(ds_free.at[buf])
-        out = dqt_smem.at[lax.rem(s * chunks + c, 2)]
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)     # the slot's last reduction read it
-        out[...] = part
-        plgpu.commit_smem()
-        if dq_sink == "reduce":
-          plgpu.copy_smem_to_gmem(out, dq_sink_ref.at[batch, rows, head, cols], reduction_op="add")
-        else:
-          plgpu.copy_smem_to_gmem(out, dq_sink_ref.at[tile, batch, rows, head, cols])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_WGS)
@@ -659,8 +478,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       if st.has_segments:
         plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
                                 rows_ready.at[stages + slot])
-    if st.dq_writer and dq_sink:
-      dq_writer_loop(fetch)
+    if st.dq_writer and fdq is not None:
+      fdq.writer_loop(fetch, waits, st.groups * per_head, stages)
     else:
       produce(st.groups * per_head, stages, fetch, waits)
 
@@ -702,11 +521,6 @@ def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   return smem, bars
 
 
-def _dq_width(head_dim: int) -> int:
-  """Columns of dQ one consumer computes per fused step (see ``dq_update``)."""
-  return head_dim // COMPUTE_WGS if head_dim % (64 * COMPUTE_WGS) == 0 else head_dim
-
-
 def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False):
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   writer = fused_dq and st.dq_writer
@@ -725,7 +539,7 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
       # Fused dQ: dS^T of both consumers, double-buffered, and each consumer's fp32 partial.
       plgpu.SMEM((2, COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED) if fused_dq else None,
       # (the dQ writer's two chunk slots have the same shape: [block_q, 64] each)
-      plgpu.SMEM((COMPUTE_WGS, bq, 64 if writer else _dq_width(head_dim)), jnp.float32,
+      plgpu.SMEM((COMPUTE_WGS, bq, 64 if writer else dq_width(head_dim)), jnp.float32,
                  transforms=_TILED_F32) if fused_dq else None,
   )
   bars = (

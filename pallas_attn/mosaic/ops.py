@@ -22,6 +22,7 @@ from pallas_attn import masks
 from pallas_attn.vma import match_vma, out_struct, vma
 from pallas_attn.mosaic import autotune, backward, kernels
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
+from pallas_attn.mosaic.fused_dq import dq_width
 from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
@@ -135,7 +136,7 @@ def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2
   extra = 0
   if fused_dq:
     tiles += 2 * kernels.COMPUTE_WGS * st.block_kv * st.block_q
-    extra = kernels.COMPUTE_WGS * st.block_q * backward._dq_width(head_dim) * 4
+    extra = kernels.COMPUTE_WGS * st.block_q * dq_width(head_dim) * 4
   return tiles * itemsize + extra + st.num_stages * st.block_q * 12 + 2048
 
 
