@@ -41,6 +41,7 @@ _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
 
 
+
 def _logits2(s, st: Statics):
   """q.k -> (base-2 logits, tanh of the softcap or None)."""
   if st.softcap is None:
@@ -464,20 +465,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
     plgpu.set_max_registers(producer_registers(st), action="decrease")
-
-    def fetch(step):
-      slot = lax.rem(step, stages)
-      head = kv_head * st.groups + lax.div(step, jnp.maximum(per_head, 1))
-      i = lo + lax.rem(step, jnp.maximum(per_head, 1))
-      rows = pl.ds(i * bq, bq)
-      plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
-      plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
-      # L2 and D of the block side by side: [2, block_q] in one record per slot.
-      plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem.at[slot],
-                              rows_ready.at[slot])
-      if st.has_segments:
-        plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
-                                rows_ready.at[stages + slot])
+    fetch = q_block_fetcher((q_ref, do_ref, rows_ref, q_seg_ref),
+                            (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
+                            batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st)
     if st.dq_writer and fdq is not None:
       fdq.writer_loop(fetch, waits, st.groups * per_head, stages)
     else:
@@ -487,6 +477,29 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 # ----------------------------------------------------------------------------------------------
 # Shared pieces
 # ----------------------------------------------------------------------------------------------
+
+def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Statics):
+  """A dK/dV producer's ``fetch(step)``: step s visits group head ``s // per_head`` and Q block
+  ``lo + s % per_head``; it TMA-loads that block's Q, dO, its L2 / D record ([2, block_q], one
+  copy) and, with segment ids, its query segment ids into ring slot ``s % num_stages``."""
+  q_ref, do_ref, rows_ref, q_seg_ref = gmem
+  q_smem, do_smem, rows_smem, qseg_smem = smem
+  q_ready, do_ready, rows_ready = ready
+  stages, bq = st.num_stages, st.block_q
+
+  def fetch(step):
+    slot = lax.rem(step, stages)
+    head = kv_head * st.groups + lax.div(step, jnp.maximum(per_head, 1))
+    rows = pl.ds((lo + lax.rem(step, jnp.maximum(per_head, 1))) * bq, bq)
+    plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
+    plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
+    plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem.at[slot],
+                            rows_ready.at[slot])
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
+                              rows_ready.at[stages + slot])
+  return fetch
+
 
 def _visit(lo, lo_full, hi_full, hi, step, carry, st: Statics):
   """Masked blocks at both ends of [lo, hi), mask-free ones in [lo_full, hi_full)."""

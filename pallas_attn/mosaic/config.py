@@ -79,6 +79,11 @@ class Config:
       (0.898 -> 0.925x cuDNN), the fastest backward measured there; at T = 1024 and on causal
       rows 1-10% slower than the two kernels. At 232 registers it spills 268 bytes and is
       27-40% slower: use it with 240.
+    bwd_split_dkdv: head dims whose dK/dV tiles do not fit one consumer (H = 256): the two
+      consumers of a dK/dV CTA share its keys and split the work by role (``backward_split.py``:
+      one computes S^T, P^T and dV, the other dP^T, dS^T and dK, P^T handed over in float16),
+      with a one-stage dQ kernel, instead of the Triton FA2 backward. Interpret-mode tests and
+      sm90 lowering pass; not yet run on a GPU (session 15), hence off.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -193,6 +198,7 @@ class Config:
   bwd_pt_smem: bool = False
   bwd_dq_writer: bool = False
   bwd_dq_lag: bool = False
+  bwd_split_dkdv: bool = False
   backward: str = "mosaic"
   overlap: bool = False
   fold_scale: bool = True

@@ -20,7 +20,8 @@ from jax.experimental.pallas import triton as plgpu_triton
 
 from pallas_attn import masks
 from pallas_attn.vma import match_vma, out_struct, vma
-from pallas_attn.mosaic import autotune, backward, kernels
+from pallas_attn.mosaic import autotune, backward, backward_split, kernels
+from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
 from pallas_attn.triton import kernels as triton_kernels
@@ -113,16 +114,23 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   fused = fused_dq_served(cfg, st_dkdv, head_dim_padded, q, k, v, do)
   if st_dkdv.dq_writer and not fused:      # the two kernels after all
     st_dq, st_dkdv = (dataclasses.replace(x, dq_writer=False) for x in (st_dq, st_dkdv))
-  smem = max(0 if fused else dq_smem_bytes(st=st_dq, head_dim=head_dim_padded),
-             backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded, fused_dq=fused))
+  dkdv_smem = backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded, fused_dq=fused)
+  # Head dims over 128: one consumer cannot hold both of its keys' dK and dV accumulators, nor
+  # do they fit in shared memory; the consumers then split dK / dV by role (backward_split.py).
+  split = (cfg.bwd_split_dkdv and not fused and dkdv_smem > SMEM_LIMIT_BYTES
+           and split_smem_bytes(st=st_dkdv, head_dim=head_dim_padded) <= SMEM_LIMIT_BYTES)
+  if split:
+    dkdv_smem = split_smem_bytes(st=st_dkdv, head_dim=head_dim_padded)
+  smem = max(0 if fused else dq_smem_bytes(st=st_dq, head_dim=head_dim_padded), dkdv_smem)
   if cfg.backward == "triton" or smem > SMEM_LIMIT_BYTES:
-    # Chosen, or head dims over 128: the dK/dV tiles do not fit next to the Q/dO ring; FA2 kernels instead.
+    # Chosen, or tiles that do not fit in shared memory: the FA2 kernels instead.
     dq, dk, dv = triton_ops.backward(
         q, k, v, out, lse, do, dlse, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
         kv_lengths=kv_lengths, interpret=bool(interpret), **mask_kw)
   else:
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
-                           st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused)
+                           st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
+                           split=split)
   return dq, dk, dv, None, None, None
 
 
@@ -180,10 +188,14 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 kv_regs="" if interpret else cfg.bwd_dkdv_regs)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
+  # The dQ ring gets as many stages as fit next to Q and dO. At H = 256 (Q and dO of both
+  # consumers: 128 KB) that is one: the K/V loads then do not overlap the matmuls. (32-key steps
+  # with two stages would fit, but Mosaic's layout inference rejects the dQ kernel's 32-key
+  # tiles in JAX 0.11.2.)
   while True:
     st_dq = kernels.Statics(block_q=bq, block_kv=dq_bkv, num_kv_blocks=tk // dq_bkv,
                             num_stages=stages, **common)
-    if stages == 2 or dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
+    if stages == 1 or dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
       break
     stages -= 1
   st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq,
@@ -214,7 +226,8 @@ def _delta(do, out, dlse, block: int, interpret):
 
 
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
-              st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False):
+              st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
+              split: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -248,9 +261,10 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                   q_segment_ids=q_seg, kv_segment_ids=kv_seg)
     r_dq = masks.kv_block_ranges(block_q=kernels.COMPUTE_WGS * bq, block_k=dq_bkv, **common)
     r_dq = jnp.pad(r_dq, ((0, 0), (0, tq // (kernels.COMPUTE_WGS * bq) - r_dq.shape[1]), (0, 0)))
+    kv_tile = bkv if split else kernels.COMPUTE_WGS * bkv      # keys of a dK/dV CTA
     r_kv = masks.q_block_ranges(
-        masks.kv_block_ranges(block_q=bq, block_k=kernels.COMPUTE_WGS * bkv, **common),
-        num_k_blocks=tk // (kernels.COMPUTE_WGS * bkv))
+        masks.kv_block_ranges(block_q=bq, block_k=kv_tile, **common),
+        num_k_blocks=tk // kv_tile)
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
@@ -266,20 +280,25 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         kernel_name=f"flash_attention_{name}")(*inputs, *extra_inputs)   # names in profiles
     return match_vma(list(outs), axes) if axes else list(outs)
 
-  kv_tiles = tk // (kernels.COMPUTE_WGS * bkv)
+  kv_tiles = tk // (bkv if split else kernels.COMPUTE_WGS * bkv)
   dkdv_out = [jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
               jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)]
   dkdv_kw = dict(st=st_dkdv, has_meta=has_meta, num_q_blocks=tq // bq)
   dkdv_scratch = backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
                                        fused_dq=fused_dq)
   dkdv_grid = ((kh, kv_tiles, b), ("heads", "kv_seq", "batch"))
+  if split:
+    dkdv_kernel = functools.partial(backward_split.dkdv_split_kernel, **dkdv_kw)
+    dkdv_scratch = backward_split.split_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype,
+                                                has_meta=has_meta)
+  else:
+    dkdv_kernel = functools.partial(backward.dkdv_kernel, **dkdv_kw)
   if not fused_dq:
     (dq,) = call("dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
                  backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
                  (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
                  (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
-    dk, dv = call("dkdv", functools.partial(backward.dkdv_kernel, **dkdv_kw), dkdv_scratch,
-                  *dkdv_grid, tuple(dkdv_out), meta_dkdv)
+    dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv)
   elif interpret:
     dk, dv, parts = call("dkdv",
                          functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),

@@ -1,0 +1,201 @@
+"""dK/dV for head dims whose two float32 accumulators do not fit one consumer (H = 256).
+
+``backward.dkdv_kernel`` gives each consumer warpgroup ``block_kv`` keys and both of their
+accumulators, dK and dV: at H = 256 that is 2 x 128 float32 registers a thread, more than a
+thread has. Here the two consumers share the CTA's ``block_kv`` keys and split the work by role
+instead (same recomputation as ``backward.py``, FA2 Alg. 2 in base 2):
+
+* the dV side (consumer 0) holds K: S^T = K Q^T, P^T = 2^(S2^T - L2), dV += P^T dO; it hands
+  G^T = P^T (1 - t^2 with a softcap, else P^T) to the other side through a double-buffered
+  float16 slot (P is in [0, 1]: float16 keeps 11 bits where bfloat16 keeps 8);
+* the dK side (consumer 1) holds V: dP^T = V dO^T, dS^T = G^T (dP^T - D), dK += dS^T Q.
+
+Each side does two of the four matmuls and holds one [block_kv, H] accumulator (128 registers).
+Masks only touch P^T (masked entries are 0, hence G^T and dS^T too), so only the dV side builds
+them. Shared memory at H = 256, 64 keys, 64-row Q blocks, two stages: K, V 64 KB, the Q / dO
+ring 128 KB, the hand-over 16 KB (209 KB). The producer streams Q, dO and L2 / D exactly as for
+``dkdv_kernel`` (``backward.q_block_fetcher``); group heads are summed in a fixed order, so the
+gradients are deterministic.
+
+Both forms (compiled and interpret) run one synchronous wgmma at a time per consumer; the two
+consumers overlap each other. Compiled, P^T and dS^T are register A operands; interpret mode
+stages them through shared memory (its wgmma takes no register operands).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_attn.mosaic.backward import (_TILED, _logits2, _matmul_acc, _product, _split_refs,
+                                         _tile_mask, _visit, producer_registers, q_block_fetcher)
+from pallas_attn.mosaic.kernels import COMPUTE_WGS, Statics, produce, slot_releases, tile_ranges
+
+DV_SIDE, DK_SIDE = 0, 1
+HANDOVER_DTYPE = jnp.float16
+
+
+def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
+  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg], dk, dv, smem, barriers. A CTA owns keys
+  [tile * block_kv, (tile + 1) * block_kv) of one K/V head."""
+  (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
+      refs, st, has_meta)
+  dk_ref, dv_ref, smem, bars = rest
+  (k_smem, v_smem, q_smem, do_smem, rows_smem, meta_smem, kvseg_smem, qseg_smem, g_smem,
+   stage_smem) = smem
+  q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free, g_ready, g_free = bars
+  (release_q, release_do), waits = slot_releases((q_free, do_free), st)
+  batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
+                          lax.axis_index("kv_seq"))
+  wg = lax.axis_index("wg")
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
+                                                 batch=batch, tile=tile, full=num_q_blocks)
+  per_head = hi - lo                      # Q blocks visited for each head of the group
+  steps = st.groups * per_head
+  k_start = tile * bkv
+  keys = pl.ds(k_start, bkv)
+  shape = (bkv, bq)
+  col = plgpu.Layout.WGMMA.reduce(0)
+
+  def wait_inputs(slot):
+    """Every ring barrier phase, on both sides (the interpreter checks that each waiter saw
+    every phase)."""
+    plgpu.barrier_wait(q_ready.at[slot])
+    plgpu.barrier_wait(do_ready.at[slot])
+    plgpu.barrier_wait(rows_ready.at[slot])
+    if st.has_segments:
+      plgpu.barrier_wait(rows_ready.at[stages + slot])
+
+  def row(slot, which):
+    return lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, which], layout=col), shape, [1])
+
+  def finish(acc, scale, dst_smem, dst_ref):
+    """The accumulator through this side's own input tile (no longer read by anyone)."""
+    dst_smem[...] = (acc if scale is None else acc * scale).astype(dst_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dst_smem, dst_ref.at[batch, keys, kv_head])
+    plgpu.wait_smem_to_gmem(0)
+
+  def zeros():
+    return plgpu.layout_cast(jnp.full((bkv, k_smem.shape[-1]), 0.0, jnp.float32),
+                             plgpu.Layout.WGMMA)
+
+  @pl.when(wg == DV_SIDE)
+  def _dv_side():
+    plgpu.set_max_registers(st.consumer_registers, action="increase")
+    plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem, kv_ready.at[0])
+    plgpu.barrier_wait(kv_ready.at[0])
+    kv_seg = None
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem, kv_ready.at[2])
+      plgpu.barrier_wait(kv_ready.at[2])
+      kv_seg = lax.broadcast_in_dim(
+          plgpu.load(kvseg_smem, layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
+
+    def step(n, i, dv, masked: bool):
+      s_no = n * per_head + (i - lo)
+      slot = lax.rem(s_no, stages)
+      wait_inputs(slot)
+      s2, t = _logits2(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), st)
+      release_q(slot)                                    # S^T was Q's last use on this side
+      pt = jnp.exp2(s2 - row(slot, 0))
+      if masked:
+        k_pos = k_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+        q_pos = i * bq + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        seg_q = None
+        if st.has_segments:
+          seg_q = lax.broadcast_in_dim(plgpu.load(qseg_smem.at[slot], layout=col), shape, [1])
+        pt = jnp.where(_tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st), pt, 0.0)
+      # Hand G^T over once the dK side has read what the slot held two steps ago.
+      buf = lax.rem(s_no, 2)
+      pl.when(s_no >= 2)(lambda: plgpu.barrier_wait(g_free.at[buf]))
+      g_smem.at[buf][...] = (pt if t is None else pt * (1.0 - t * t)).astype(g_smem.dtype)
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(g_ready.at[buf])
+      dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot],
+                       None if stage_smem is None else stage_smem.at[DV_SIDE],
+                       registers=st.registers_pv)
+      release_do(slot)
+      return dv
+
+    def per_group_head(n, dv):
+      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), dv, st)
+    dv = lax.fori_loop(0, st.groups, per_group_head, zeros())
+    for back in (2, 1):       # the last two hand-overs' ``g_free`` phases (one per slot)
+      pl.when(steps >= back)(
+          lambda b=back: plgpu.barrier_wait(g_free.at[lax.rem(steps - b, 2)]))
+    finish(dv, None, k_smem, dv_ref)
+
+  @pl.when(wg == DK_SIDE)
+  def _dk_side():
+    plgpu.set_max_registers(st.consumer_registers, action="increase")
+    plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem, kv_ready.at[1])
+    plgpu.barrier_wait(kv_ready.at[1])
+
+    def step(n, i, dk, masked: bool):
+      del masked                              # G^T is already 0 wherever P^T was masked
+      s_no = n * per_head + (i - lo)
+      slot = lax.rem(s_no, stages)
+      wait_inputs(slot)
+      dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
+      release_do(slot)
+      buf = lax.rem(s_no, 2)
+      plgpu.barrier_wait(g_ready.at[buf])
+      g = plgpu.load(g_smem.at[buf], layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+      plgpu.barrier_arrive(g_free.at[buf])
+      dst = (g * (dpt - row(slot, 1))).astype(k_smem.dtype)
+      dk = _matmul_acc(dk, dst, q_smem.at[slot],
+                       None if stage_smem is None else stage_smem.at[DK_SIDE],
+                       registers=st.registers_pv)
+      release_q(slot)
+      return dk
+
+    def per_group_head(n, dk):
+      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), dk, st)
+    dk = lax.fori_loop(0, st.groups, per_group_head, zeros())
+    finish(dk, st.scale, v_smem, dk_ref)
+
+  @pl.when(wg == COMPUTE_WGS)
+  def _producer():
+    plgpu.set_max_registers(producer_registers(st), action="decrease")
+    fetch = q_block_fetcher((q_ref, do_ref, rows_ref, q_seg_ref),
+                            (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
+                            batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st)
+    produce(steps, stages, fetch, waits)
+
+
+def split_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
+  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  smem = (
+      plgpu.SMEM((bkv, head_dim), dtype, transforms=_TILED),                    # K, then dV
+      plgpu.SMEM((bkv, head_dim), dtype, transforms=_TILED),                    # V, then dK
+      plgpu.SMEM((stages, bq, head_dim), dtype, transforms=_TILED),             # Q ring
+      plgpu.SMEM((stages, bq, head_dim), dtype, transforms=_TILED),             # dO ring
+      plgpu.SMEM((stages, 2, bq), jnp.float32),                                 # L2, D ring
+      plgpu.SMEM((8,), jnp.int32) if has_meta else None,
+      plgpu.SMEM((bkv,), jnp.int32) if st.has_segments else None,
+      plgpu.SMEM((stages, bq), jnp.int32) if st.has_segments else None,
+      plgpu.SMEM((2, bkv, bq), HANDOVER_DTYPE, transforms=_TILED),              # G^T hand-over
+      # Interpret mode: P^T / dS^T as wgmma A operands go through shared memory.
+      None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bkv, bq), dtype, transforms=_TILED),
+  )
+  bars = (
+      plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+      plgpu.Barrier(num_barriers=2 * stages),                                  # L2/D (+ q seg)
+      plgpu.Barrier(num_barriers=3),                                           # K, V, kv seg
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),           # Q slot free
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),           # dO slot free
+      plgpu.Barrier(num_arrivals=1, num_barriers=2),                          # G^T ready
+      plgpu.Barrier(num_arrivals=1, num_barriers=2),                          # G^T free
+  )
+  return smem, bars
+
+
+def split_smem_bytes(*, st: Statics, head_dim: int, itemsize: int = 2) -> int:
+  """Shared memory of a split dK/dV CTA (compiled form)."""
+  tiles = 2 * st.block_kv * head_dim + 2 * st.num_stages * st.block_q * head_dim
+  handover = 2 * st.block_kv * st.block_q * jnp.dtype(HANDOVER_DTYPE).itemsize
+  return tiles * itemsize + handover + st.num_stages * st.block_q * 12 + 2048

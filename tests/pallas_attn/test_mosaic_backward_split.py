@@ -1,0 +1,146 @@
+"""The Mosaic backward at head dims over 128 (``pallas_attn/mosaic/backward_split.py``).
+
+At H = 256 the dK/dV consumers split the work by role (dV side: S^T, P^T, dV; dK side: dP^T,
+dS^T, dK, with P^T handed over in float16) and the dQ kernel's K/V ring has one stage (two do
+not fit next to Q and dO). Before, such calls ran the Triton FA2 backward. Interpret mode against the float32 reference on CPU; the
+compiled form is lowered for sm90 here and runs on the GPU in the shared suite's grid.
+"""
+import dataclasses
+import functools
+
+import harness as H
+import jax
+import jax.numpy as jnp
+import pytest
+from jax._src import mesh as mesh_lib
+
+from pallas_attn import flash_attention, reference
+from pallas_attn.mosaic import Config, backward, backward_split, default_config, ops
+from pallas_attn.mosaic.config import padded_head_dim
+
+
+def _grads(fn, q, k, v, do):
+  out, vjp = jax.vjp(fn, q, k, v)
+  return (out, *vjp(do.astype(out.dtype)))
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True, softcap=20.0),
+                                dict(window=(40, 9), segments=True, kv_lengths=True),
+                                dict()], ids=["causal_softcap", "window_seg_len", "full"])
+@pytest.mark.parametrize("h", [256, 200], ids=["h256", "h200_padded"])
+def test_split_backward_matches_reference_in_interpret_mode(kw, h, monkeypatch):
+  """GQA 4:2, T and S off the tiles (several Q blocks and both group heads per K/V tile). The
+  split dK/dV kernel and the one-stage dQ kernel must be the ones that run."""
+  seen = {}
+
+  def spy(name, fn):
+    def wrapped(*args, **kwargs):
+      seen[name] = kwargs["st"]
+      return fn(*args, **kwargs)
+    return wrapped
+  monkeypatch.setattr(backward_split, "dkdv_split_kernel",
+                      spy("split", backward_split.dkdv_split_kernel))
+  monkeypatch.setattr(backward, "dq_kernel", spy("dq", backward.dq_kernel))
+  b, t, s, n, kh = 2, 150, 200, 4, 2
+  keys = jax.random.split(jax.random.key(11), 4)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
+  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
+  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
+  if kw.get("segments"):
+    extra["q_segment_ids"] = (jnp.arange(t)[None] * 3 // t).repeat(b, 0)
+    extra["kv_segment_ids"] = (jnp.arange(s)[None] * 3 // s).repeat(b, 0)
+  if kw.get("kv_lengths"):
+    extra["kv_lengths"] = jnp.array([s, 77], jnp.int32)
+  cfg = Config(block_kv=64, backward="mosaic", bwd_split_dkdv=True)
+  got = _grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                               interpret=True, **extra), q, k, v, do)
+  want = _grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
+                                                    **extra),
+                *(x.astype(jnp.float32) for x in (q, k, v)), do)
+  assert set(seen) == {"split", "dq"}
+  assert seen["dq"].num_stages == 1 and seen["split"].block_kv == 64
+  for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):
+    err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
+    assert err < 2e-2, (name, err)
+
+
+def test_routing_by_shared_memory():
+  """H = 256: the per-consumer dK/dV tiles overflow shared memory, the split ones fit; H = 128
+  keeps the two-consumer kernel. ``backward="triton"`` still chooses the FA2 kernels."""
+  def statics(h):
+    return ops._backward_statics(jnp.zeros((1, 256, 2, h), jnp.bfloat16),
+                                 jnp.zeros((1, 256, 2, h), jnp.bfloat16), None, None,
+                                 causal=True, scale=1.0, window=None, softcap=None,
+                                 cfg=Config(), interpret=False)
+  st_dq, st_dkdv = statics(256)
+  assert ops.backward_smem_bytes(st=st_dkdv, head_dim=256) > ops.SMEM_LIMIT_BYTES
+  assert backward_split.split_smem_bytes(st=st_dkdv, head_dim=256) <= ops.SMEM_LIMIT_BYTES
+  assert st_dq.block_kv == 64 and st_dq.num_stages == 1
+  assert ops.dq_smem_bytes(st=st_dq, head_dim=256) <= ops.SMEM_LIMIT_BYTES
+  st_dq, st_dkdv = statics(128)
+  assert ops.backward_smem_bytes(st=st_dkdv, head_dim=128) <= ops.SMEM_LIMIT_BYTES
+  assert st_dq.num_stages == 2
+
+
+@pytest.mark.parametrize("cfg", [Config(block_kv=64), Config(block_kv=64, backward="triton",
+                                                               bwd_split_dkdv=True)],
+                         ids=["default_off", "triton_chosen"])
+def test_h256_backward_runs_triton_unless_split_asked(cfg, monkeypatch):
+  """Until the split form has run compiled on a GPU it is opt-in: by default (and whenever
+  ``backward="triton"`` is chosen) H = 256 gradients come from the FA2 kernels."""
+  called = []
+  real = ops.triton_ops.backward
+  monkeypatch.setattr(ops.triton_ops, "backward",
+                      lambda *a, **k: called.append(1) or real(*a, **k))
+  q = jax.random.normal(jax.random.key(0), (1, 40, 2, 256), jnp.bfloat16)
+  f = lambda q: flash_attention(q, q, q, implementation="mosaic", interpret=True,
+                                config=cfg).astype(jnp.float32).sum()
+  jax.grad(f)(q)
+  assert called
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True, kv_lengths=True),
+                                dict(window=(100, 0), softcap=30.0, segments=True)],
+                         ids=["causal_len", "window_softcap_seg"])
+def test_split_backward_lowers_for_sm90(kw):
+  b, t, s, n, kh, h = 2, 700, 900, 4, 2, 256
+  bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  q, k, out, do = bf(b, t, n, h), bf(b, s, kh, h), bf(b, t, n, h), bf(b, t, n, h)
+  lse = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
+  seg = jax.ShapeDtypeStruct((b, t), jnp.int32) if kw.get("segments") else None
+  kseg = jax.ShapeDtypeStruct((b, s), jnp.int32) if kw.get("segments") else None
+  lens = jax.ShapeDtypeStruct((b,), jnp.int32) if kw.get("kv_lengths") else None
+  mask_kw = dict(causal=kw.get("causal", False), scale=h ** -0.5, window=kw.get("window"),
+                 softcap=kw.get("softcap"))
+  st_dq, st_dkdv = ops._backward_statics(
+      jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
+      None if seg is None else jnp.zeros(seg.shape, jnp.int32),
+      None if lens is None else jnp.zeros(lens.shape, jnp.int32),
+      cfg=Config(), interpret=False, **mask_kw)
+  bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
+                          interpret=False, split=True)
+  # The D pre-pass is a Pallas Triton kernel: its lowering needs a (here abstract) H200.
+  dev = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
+                                                                abstract_device=dev)):
+    text = jax.jit(bwd).trace(q, k, k, out, lse, do, lse, seg, kseg, lens).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert "flash_attention_dkdv" in text and "flash_attention_dq" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    H.Case(t=1000, s=1100, h=256, n=4, kh=2, causal=True, seed=401),
+    H.Case(t=600, s=900, h=256, n=4, kh=2, window=(100, 20), softcap=30.0, segments=2,
+           kv_lengths=(900, 555), seed=402),
+    H.Case(t=513, s=700, h=200, n=2, kh=1, dtype="float16", seed=403),
+], ids=lambda c: c.id)
+def test_split_backward_compiled(case):
+  """Compiled on the GPU: the split form passes the ratio rule (TESTING.md) on out, lse and
+  the gradients. Run this before turning ``bwd_split_dkdv`` on by default."""
+  masked = case.causal or case.window is not None
+  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
+                            bwd_split_dkdv=True)
+  H.check_case(case, "mosaic", config=cfg)
