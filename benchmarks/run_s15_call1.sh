@@ -3,25 +3,15 @@
 # default at 232 and 240 consumer registers, the fused dQ (bwd_fused_dq, FA3 Section 3.3) at
 # 232 and 240 (compile only). (3) bwd_breakdown.py at 4x4096x16x128 full: 240 registers, the
 # fused dQ at 232 and 240, against the default and cuDNN. Outputs under $OUT.
+# (The ptxas step is now benchmarks/ptxas_report.sh; it ran as the same commands inline.)
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 out="${OUT:-/tmp}"
 timeout 90 python3 benchmarks/repro_register_q.py 2>&1 | grep -v "^W0\|^I0" | tail -12 \
     | tee "$out/repro_register_q.txt"
+source benchmarks/ptxas_report.sh
 for v in "Config()" "Config(bwd_registers=240)" "Config(bwd_fused_dq=True)" \
          "Config(bwd_fused_dq=True,bwd_registers=240)"; do
-  tag="$(echo "$v" | tr -dc 'a-z0-9_=')"
-  MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/ptx_$tag timeout 120 python3 -c "
-import jax, jax.numpy as jnp
-from pallas_attn import flash_attention
-from pallas_attn.mosaic.config import Config
-q = jnp.ones((1, 1024, 2, 128), jnp.bfloat16)
-cfg = $v
-f = lambda q: flash_attention(q, q, q, implementation='mosaic', config=cfg).astype(jnp.float32).sum()
-jax.jit(jax.grad(f)).lower(q).compile()
-" > /tmp/ptx_$tag.log 2>&1
-  echo "== $v (rc $?)"
-  grep -H -i -E "C75|serializ|Used [0-9]+ registers|spill" /tmp/ptx_$tag/* /tmp/ptx_$tag.log \
-      2>/dev/null | sed -e 's/ptxas info *: //' -e 's|^/tmp/ptx_[^/]*/||' | sort | uniq -c | head -12
+  ptxas_report "$v" 128 grad
 done 2>&1 | tee "$out/ptxas_bwd.txt"
 timeout -k 5 330 python3 benchmarks/bwd_breakdown.py --out "$out" --peers cudnn \
     --variant r240:bwd_registers=240 --variant fused:bwd_fused_dq=True \

@@ -70,6 +70,19 @@ def _tile_mask(q_pos, k_pos, kv_len, q_seg, kv_seg, st: Statics):
   return mask
 
 
+def transposed_tile_mask(*, k_start, q_start, kv_len, qseg_ref, kv_seg, shape, st: Statics):
+  """Visibility of a transposed [keys, queries] tile (the dK/dV kernels' S^T) in the wgmma
+  accumulator layout; ``qseg_ref``: the Q block's segment ids in SMEM (or None), ``kv_seg``:
+  the keys' ids already broadcast to the tile."""
+  k_pos = k_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+  q_pos = q_start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+  seg_q = None
+  if qseg_ref is not None:
+    seg_q = lax.broadcast_in_dim(plgpu.load(qseg_ref, layout=plgpu.Layout.WGMMA.reduce(0)),
+                                 shape, [1])
+  return _tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st)
+
+
 def _matmul_acc(acc, a, b_ref, a_smem, *, registers: bool):
   """acc + a @ b (a: registers, bf16/f16; b: SMEM ref) with wgmma, in place when compiled."""
   if registers:
@@ -299,13 +312,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       bars)
   (release_q, release_do), waits = slot_releases((q_free, do_free), st)
 
-  batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
-                          lax.axis_index("kv_seq"))
-  wg = lax.axis_index("wg")
+  batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
+      meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks)
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
-
-  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
-                                                 batch=batch, tile=tile, full=num_q_blocks)
   per_head = hi - lo                      # Q blocks visited for each head of the group
   fdq = None if not dq_sink else FusedDQ(
       st=st, sink=dq_sink, sink_ref=dq_sink_ref, k_smem2=k_smem2, ds_smem=ds_smem,
@@ -347,12 +356,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       pt = jnp.exp2(s2 - lse2)
       mask = None
       if masked:
-        k_pos = k_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        q_pos = i * bq + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        seg_q = None
-        if st.has_segments:
-          seg_q = lax.broadcast_in_dim(plgpu.load(qseg_smem.at[slot], layout=col), shape, [1])
-        mask = _tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st)
+        mask = transposed_tile_mask(k_start=k_start, q_start=i * bq, kv_len=kv_len,
+                                    qseg_ref=qseg_smem.at[slot] if st.has_segments else None,
+                                    kv_seg=kv_seg, shape=shape, st=st)
         pt = jnp.where(mask, pt, 0.0)
       return pt, delta, t, mask
 
@@ -477,6 +483,17 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 # ----------------------------------------------------------------------------------------------
 # Shared pieces
 # ----------------------------------------------------------------------------------------------
+
+def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int):
+  """(batch, K/V head, K/V tile, warpgroup, (lo, lo_full, hi_full, hi, kv_len)) of a dK/dV
+  CTA on the (heads, kv_seq, batch) grid: its Q blocks [lo, hi) per group head."""
+  batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
+                          lax.axis_index("kv_seq"))
+  wg = lax.axis_index("wg")
+  ranges = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg, batch=batch, tile=tile,
+                       full=num_q_blocks)
+  return batch, kv_head, tile, wg, ranges
+
 
 def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Statics):
   """A dK/dV producer's ``fetch(step)``: step s visits group head ``s // per_head`` and Q block

@@ -29,8 +29,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn.mosaic.backward import (_TILED, _logits2, _matmul_acc, _product, _split_refs,
-                                         _tile_mask, _visit, producer_registers, q_block_fetcher)
-from pallas_attn.mosaic.kernels import COMPUTE_WGS, Statics, produce, slot_releases, tile_ranges
+                                         _visit, dkdv_cta, producer_registers, q_block_fetcher,
+                                         transposed_tile_mask)
+from pallas_attn.mosaic.kernels import COMPUTE_WGS, Statics, produce, slot_releases
 
 DV_SIDE, DK_SIDE = 0, 1
 HANDOVER_DTYPE = jnp.float16
@@ -46,12 +47,9 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
    stage_smem) = smem
   q_ready, do_ready, rows_ready, kv_ready, meta_ready, q_free, do_free, g_ready, g_free = bars
   (release_q, release_do), waits = slot_releases((q_free, do_free), st)
-  batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
-                          lax.axis_index("kv_seq"))
-  wg = lax.axis_index("wg")
+  batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
+      meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks)
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
-  lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
-                                                 batch=batch, tile=tile, full=num_q_blocks)
   per_head = hi - lo                      # Q blocks visited for each head of the group
   steps = st.groups * per_head
   k_start = tile * bkv
@@ -78,9 +76,13 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
     plgpu.copy_smem_to_gmem(dst_smem, dst_ref.at[batch, keys, kv_head])
     plgpu.wait_smem_to_gmem(0)
 
-  def zeros():
-    return plgpu.layout_cast(jnp.full((bkv, k_smem.shape[-1]), 0.0, jnp.float32),
-                             plgpu.Layout.WGMMA)
+  def accumulate(step):
+    """One side's float32 [block_kv, H] accumulator over every (group head, Q block) step."""
+    def per_group_head(n, acc):
+      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), acc, st)
+    zeros = plgpu.layout_cast(jnp.full((bkv, k_smem.shape[-1]), 0.0, jnp.float32),
+                              plgpu.Layout.WGMMA)
+    return lax.fori_loop(0, st.groups, per_group_head, zeros)
 
   @pl.when(wg == DV_SIDE)
   def _dv_side():
@@ -102,12 +104,10 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       release_q(slot)                                    # S^T was Q's last use on this side
       pt = jnp.exp2(s2 - row(slot, 0))
       if masked:
-        k_pos = k_start + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-        q_pos = i * bq + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        seg_q = None
-        if st.has_segments:
-          seg_q = lax.broadcast_in_dim(plgpu.load(qseg_smem.at[slot], layout=col), shape, [1])
-        pt = jnp.where(_tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st), pt, 0.0)
+        mask = transposed_tile_mask(k_start=k_start, q_start=i * bq, kv_len=kv_len,
+                                    qseg_ref=qseg_smem.at[slot] if st.has_segments else None,
+                                    kv_seg=kv_seg, shape=shape, st=st)
+        pt = jnp.where(mask, pt, 0.0)
       # Hand G^T over once the dK side has read what the slot held two steps ago.
       buf = lax.rem(s_no, 2)
       pl.when(s_no >= 2)(lambda: plgpu.barrier_wait(g_free.at[buf]))
@@ -120,9 +120,7 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       release_do(slot)
       return dv
 
-    def per_group_head(n, dv):
-      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), dv, st)
-    dv = lax.fori_loop(0, st.groups, per_group_head, zeros())
+    dv = accumulate(step)
     for back in (2, 1):       # the last two hand-overs' ``g_free`` phases (one per slot)
       pl.when(steps >= back)(
           lambda b=back: plgpu.barrier_wait(g_free.at[lax.rem(steps - b, 2)]))
@@ -152,9 +150,7 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       release_q(slot)
       return dk
 
-    def per_group_head(n, dk):
-      return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), dk, st)
-    dk = lax.fori_loop(0, st.groups, per_group_head, zeros())
+    dk = accumulate(step)
     finish(dk, st.scale, v_smem, dk_ref)
 
   @pl.when(wg == COMPUTE_WGS)

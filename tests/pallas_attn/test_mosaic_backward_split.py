@@ -6,17 +6,15 @@ not fit next to Q and dO). Before, such calls ran the Triton FA2 backward. Inter
 compiled form is lowered for sm90 here and runs on the GPU in the shared suite's grid.
 """
 import dataclasses
-import functools
 
-import harness as H
 import jax
 import jax.numpy as jnp
 import pytest
 from jax._src import mesh as mesh_lib
 
+import harness as H
 from pallas_attn import flash_attention, reference
 from pallas_attn.mosaic import Config, backward, backward_split, default_config, ops
-from pallas_attn.mosaic.config import padded_head_dim
 
 
 def _grads(fn, q, k, v, do):
@@ -104,28 +102,28 @@ def test_h256_backward_runs_triton_unless_split_asked(cfg, monkeypatch):
 @pytest.mark.parametrize("kw", [dict(causal=True, kv_lengths=True),
                                 dict(window=(100, 0), softcap=30.0, segments=True)],
                          ids=["causal_len", "window_softcap_seg"])
-def test_split_backward_lowers_for_sm90(kw):
+def test_split_backward_lowers_for_sm90(kw, monkeypatch):
+  """The compiled forward + backward (``ops._attention``'s custom VJP) at H = 256 with the split
+  dK/dV kernel, lowered for sm90 on CPU: the two backward kernels are there, no Triton ones."""
+  monkeypatch.setattr(ops.triton_ops, "backward", None)          # must not be reached
   b, t, s, n, kh, h = 2, 700, 900, 4, 2, 256
-  bf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  q, k, out, do = bf(b, t, n, h), bf(b, s, kh, h), bf(b, t, n, h), bf(b, t, n, h)
-  lse = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
-  seg = jax.ShapeDtypeStruct((b, t), jnp.int32) if kw.get("segments") else None
-  kseg = jax.ShapeDtypeStruct((b, s), jnp.int32) if kw.get("segments") else None
-  lens = jax.ShapeDtypeStruct((b,), jnp.int32) if kw.get("kv_lengths") else None
-  mask_kw = dict(causal=kw.get("causal", False), scale=h ** -0.5, window=kw.get("window"),
-                 softcap=kw.get("softcap"))
-  st_dq, st_dkdv = ops._backward_statics(
-      jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype),
-      None if seg is None else jnp.zeros(seg.shape, jnp.int32),
-      None if lens is None else jnp.zeros(lens.shape, jnp.int32),
-      cfg=Config(), interpret=False, **mask_kw)
-  bwd = functools.partial(ops._backward, st_dq=st_dq, st_dkdv=st_dkdv, hp=padded_head_dim(h),
-                          interpret=False, split=True)
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k, v = (jax.random.normal(x, (b, s, kh, h), jnp.bfloat16) for x in keys[1:])
+  seg = (jnp.arange(t)[None] * 3 // t).repeat(b, 0) if kw.get("segments") else None
+  kseg = (jnp.arange(s)[None] * 3 // s).repeat(b, 0) if kw.get("segments") else None
+  lens = jnp.array([s, 500], jnp.int32) if kw.get("kv_lengths") else None
+  cfg = Config(block_kv=64, bwd_split_dkdv=True)
+
+  def loss(q, k, v):
+    out, _ = ops._attention(q, k, v, seg, kseg, lens, kw.get("causal", False), h ** -0.5,
+                            kw.get("window"), kw.get("softcap"), cfg, h, False)
+    return out.astype(jnp.float32).sum()
   # The D pre-pass is a Pallas Triton kernel: its lowering needs a (here abstract) H200.
   dev = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
                                                                 abstract_device=dev)):
-    text = jax.jit(bwd).trace(q, k, k, out, lse, do, lse, seg, kseg, lens).lower(
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v).lower(
         lowering_platforms=("cuda",)).as_text()
   assert "flash_attention_dkdv" in text and "flash_attention_dq" in text
 
