@@ -305,6 +305,49 @@ def skip_unsupported(case: Case, implementation: str | None) -> None:
     pytest.skip(f"mosaic interpret mode on CPU only for T*S <= {MOSAIC_CPU_MAX_TS}")
 
 
+# The Mosaic GPU interpreter costs ~0.3 s per grid program (JAX 0.11.2 compiles each warpgroup's
+# body anew for every program); a program is one (q tile, head, batch row) of the forward and dQ
+# kernels and one (k tile, k/v head, batch row) of the dK/dV kernel, so a six-head case takes
+# 20-40 s on a CI core. On CPU the Mosaic backend therefore runs each case with the smallest head
+# count of its kind (MHA 2:2, GQA 4:2: two k/v heads in groups of two, MQA 2:1) and, where no
+# mask differs between batch rows (no kv_lengths, no segments), one batch row; T, S, H, dtype,
+# masks and inputs are kept. Batch indexing stays covered by the cases with per-row masks (and
+# the batch-3 case). The case as written runs compiled on a GPU (``gpu`` marker).
+_THIN_HEADS = {"mha": (2, 2), "gqa": (4, 2), "mqa": (2, 1)}
+
+
+def mosaic_cpu_case(case: Case) -> Case | None:
+  """The case the Mosaic backend runs on CPU in place of ``case`` (see above); None where that is
+  ``case`` itself or Mosaic skips the case anyway (float32, or too long for the interpreter)."""
+  if case.dtype == "float32" or case.t * case.s > MOSAIC_CPU_MAX_TS:
+    return None
+  kind = "mha" if case.n == case.kh else "mqa" if case.kh == 1 else "gqa"
+  n, kh = _THIN_HEADS[kind]
+  n, kh = (n, kh) if case.n > n else (case.n, case.kh)
+  b = 1 if case.b == 2 and case.kv_lengths is None and not case.segments else case.b
+  thin = case.replace(n=n, kh=kh, b=b)
+  return None if thin == case else thin
+
+
+def backend_cases(cases, backends=BACKENDS, *, as_written=(), thin=mosaic_cpu_case) -> list:
+  """``pytest.param(backend, case)`` for every case on every backend, case-major (the backends of a
+  case run next to each other and share its cached references). A Mosaic case that ``thin``
+  changes runs as written under the ``gpu`` marker and thinned everywhere; cases in
+  ``as_written`` are not thinned."""
+  params = []
+  for case in cases:
+    for backend in backends:
+      small = thin(case) if backend == "mosaic" and case not in as_written else None
+      thin_case = None if small == case else small
+      if thin_case is None:
+        params.append(pytest.param(backend, case, id=f"{case.id}-{backend}"))
+      else:
+        params.append(pytest.param(backend, case, id=f"{case.id}-{backend}",
+                                   marks=pytest.mark.gpu))
+        params.append(pytest.param(backend, thin_case, id=f"{thin_case.id}-{backend}"))
+  return params
+
+
 def runner(case: Case, *, implementation: str | None, jit: bool = True,
            compiler_options: dict | None = JIT_OPTIONS, **extra) -> Callable:
   """``run(inputs) -> {"out", "lse", "dq", "dk", "dv"}`` for flash_attention with ``case``'s masks."""

@@ -1,7 +1,9 @@
 """flash_attention against the reference under the ratio rule, on every backend of ``BACKENDS``.
 
 On CPU the Pallas backends run in interpret mode, a slow simulator: the (T, S) grid is sampled
-with a fixed seed (``SAMPLE``) and kept small; ``FULL_GRID`` runs compiled on a GPU:
+with a fixed seed (``SAMPLE``) and kept small, and the Mosaic backend runs each case with fewer
+heads (and one batch row where no mask differs between rows: ``harness.mosaic_cpu_case``), the
+case as written under the gpu marker; ``FULL_GRID`` runs compiled on a GPU:
 
   XLA_PYTHON_CLIENT_PREALLOCATE=false python -m pytest -n 8 -m gpu tests/pallas_attn
 
@@ -132,8 +134,8 @@ def _id(c: Case) -> str:
 
 # ----------------------------------------------------------------------------- tests
 
-@H.per_pallas_backend
-@pytest.mark.parametrize("case", SAMPLE, ids=_id)
+@pytest.mark.parametrize("backend,case", H.backend_cases(SAMPLE, H.PALLAS_BACKENDS),
+                         indirect=["backend"])
 def test_grid_sample(backend, case):
   """Sampled grid on the Pallas backends (the xla backend is the reference: see test_features)."""
   H.check_case(case, backend)
@@ -147,14 +149,12 @@ def test_full_grid(backend, case):
   H.check_case(case, backend)
 
 
-@H.per_backend
-@pytest.mark.parametrize("case", FEATURE_CASES, ids=_id)
+@pytest.mark.parametrize("backend,case", H.backend_cases(FEATURE_CASES), indirect=["backend"])
 def test_features(backend, case):
   H.check_case(case, backend)
 
 
-@H.per_backend
-@pytest.mark.parametrize("case", EMPTY_ROW_CASES, ids=_id)
+@pytest.mark.parametrize("backend,case", H.backend_cases(EMPTY_ROW_CASES), indirect=["backend"])
 def test_fully_masked_rows(backend, case):
   res = H.check_case(case, backend)
   x, _, _ = H.case_data(case)
@@ -171,8 +171,7 @@ def test_fully_masked_rows(backend, case):
     assert np.isfinite(np.asarray(res[name], np.float32)).all(), f"{name} has non-finite values"
 
 
-@H.per_backend
-@pytest.mark.parametrize("case", TAIL_CASES, ids=_id)
+@pytest.mark.parametrize("backend,case", H.backend_cases(TAIL_CASES), indirect=["backend"])
 def test_off_by_one_tails(backend, case):
   res = H.check_case(case, backend)
   for name in ("out", "dq", "dk", "dv"):
@@ -184,8 +183,12 @@ def test_off_by_one_tails(backend, case):
   assert np.isneginf(lse[~seen]).all(), "lse of a row that sees no key must be -inf"
 
 
-@H.per_backend
-@pytest.mark.parametrize("case", EXTREME_CASES, ids=_id)
+# Mosaic runs EXTREME_CASES[1] as written on CPU too: its thinned form (2:1 heads, other random
+# inputs) fails CAP on dq on the Mosaic backend (max err 9.72 > 0.02 * 434.1; xla and triton
+# pass). A finding to look at, not a reason to drop the case.
+@pytest.mark.parametrize("backend,case",
+                         H.backend_cases(EXTREME_CASES, as_written=EXTREME_CASES[1:2]),
+                         indirect=["backend"])
 def test_extreme_logits(backend, case):
   res = H.check_case(case, backend)
   x, _, _ = H.case_data(case)
@@ -206,8 +209,7 @@ NAN_CASES = [
 ]
 
 
-@H.per_backend
-@pytest.mark.parametrize("case", NAN_CASES, ids=_id)
+@pytest.mark.parametrize("backend,case", H.backend_cases(NAN_CASES), indirect=["backend"])
 def test_nan_padding(backend, case):
   """K/V past kv_lengths set to NaN change nothing valid (bitwise); padded dk/dv are 0."""
   x, _, _ = H.case_data(case)
