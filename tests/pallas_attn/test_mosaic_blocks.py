@@ -34,15 +34,18 @@ def test_block_kv_must_be_a_multiple_of_16_in_range(block_kv):
     Config(block_kv=block_kv)
 
 
-@pytest.mark.parametrize("block_kv,t,s,h,kw", [
-    (80, 200, 230, 64, dict()),
-    (80, 200, 300, 64, dict(causal=True)),
-    (96, 130, 190, 128, dict(window=(70, 20), softcap=15.0, kv_lengths=True)),
-    (176, 160, 370, 64, dict(segments=True)),
+# (block_kv, b, t, s, n, kh, h, kw). The interpreter's cost grows with batch x heads x tiles: one
+# batch row where no mask differs between rows, two (the per-row masks) with kv_lengths and
+# segments; GQA (4 heads over 2) once, one k/v head elsewhere.
+@pytest.mark.parametrize("block_kv,b,t,s,n,kh,h,kw", [
+    (80, 1, 200, 230, 4, 2, 64, dict()),
+    (80, 1, 200, 300, 2, 1, 64, dict(causal=True)),
+    (96, 2, 130, 190, 2, 1, 128, dict(window=(70, 20), softcap=15.0, kv_lengths=True)),
+    (176, 2, 160, 370, 2, 1, 64, dict(segments=True)),
 ], ids=["80-full", "80-causal", "96-window_softcap_kvlen_h128", "176-segments"])
-def test_narrow_swizzle_blocks_match_the_reference_in_interpret_mode(block_kv, t, s, h, kw):
-  b = 2
-  q, k, v = H.qkv_inputs(b, t, s, 4, 2, h)
+def test_narrow_swizzle_blocks_match_the_reference_in_interpret_mode(block_kv, b, t, s, n, kh, h,
+                                                                      kw):
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h)
   kw = H.flag_kwargs(kw, t=t, s=s, segment_lengths=(60, 45))
   out, lse = flash_attention(q, k, v, implementation="mosaic", config=Config(block_kv=block_kv),
                              interpret=True, return_lse=True, **kw)
@@ -79,14 +82,17 @@ def test_default_blocks_keep_the_128_byte_swizzle():
   assert "swizzle<64 : i32>" not in text and "swizzle<32 : i32>" not in text
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(causal=True)],
+# Batch rows cost interpreter time (grid programs): one row unmasked, two (the tiles cross the
+# batch) causal.
+@pytest.mark.parametrize("kw,b", [(dict(), 1), (dict(causal=True), 2)],
                          ids=["full", "causal"])
-def test_persistent_head_dim_256_stores_o_in_chunks_in_interpret_mode(kw, launched, monkeypatch):
+def test_persistent_head_dim_256_stores_o_in_chunks_in_interpret_mode(kw, b, launched,
+                                                                       monkeypatch):
   """Persistent at H = 256: O leaves through two [64, 64] slots per consumer, four chunks a
   tile, several tiles per CTA. Interpret mode stages P through SMEM too (16 KB more), so the
   limit is raised to where the chunked form fits and the whole-O form does not (~248 / 281 KB)."""
   monkeypatch.setattr(ops, "SMEM_LIMIT_BYTES", 250_000)
-  b, t, s, h = 2, 200, 150, 256
+  t, s, h = 200, 150, 256                  # b x 3 heads x 2 q tiles over 3 interpret CTAs
   q, k, v = H.qkv_inputs(b, t, s, 3, 3, h)
   kw = H.flag_kwargs(kw, t=t, s=s)
   cfg = Config(block_kv=64, persistent=True, dynamic_schedule="causal" in kw)

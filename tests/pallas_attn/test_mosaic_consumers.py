@@ -49,15 +49,16 @@ def test_barrier_ids_stay_clear_of_mosaic_and_each_other():
     assert nc * c + p <= (nc + 1) * launch and c % 8 == 0 and p % 8 == 0
 
 
-@pytest.mark.parametrize("t,s,n,kh,h,kw", [
-    (200, 260, 2, 1, 64, dict()),                               # T not a multiple of 192
-    (384, 384, 2, 2, 64, dict(causal=True)),
-    (250, 300, 4, 2, 64, dict(window=(60, 10), softcap=20.0)),
-    (193, 193, 2, 1, 128, dict(causal=True, kv_lengths=True)),
-    (260, 250, 2, 2, 64, dict(segments=True)),
+# (b, t, s, n, kh, h, kw). The interpreter's cost grows with batch x heads x tiles: one batch row
+# where no mask differs between rows, two (the per-row masks) with kv_lengths and segments.
+@pytest.mark.parametrize("b,t,s,n,kh,h,kw", [
+    (1, 200, 260, 2, 1, 64, dict()),                            # T not a multiple of 192
+    (1, 384, 384, 2, 2, 64, dict(causal=True)),
+    (1, 250, 300, 4, 2, 64, dict(window=(60, 10), softcap=20.0)),
+    (2, 193, 193, 2, 1, 128, dict(causal=True, kv_lengths=True)),
+    (2, 260, 250, 2, 2, 64, dict(segments=True)),
 ], ids=["full", "causal", "window_softcap_gqa", "causal_kvlen_h128", "segments"])
-def test_three_consumers_match_reference_in_interpret_mode(t, s, n, kh, h, kw):
-  b = 2
+def test_three_consumers_match_reference_in_interpret_mode(b, t, s, n, kh, h, kw):
   q, k, v = _inputs(b, t, s, n, kh, h)
   kw = H.flag_kwargs(kw, t=t, s=s)
   cfg = Config(block_kv=64, consumers=3)

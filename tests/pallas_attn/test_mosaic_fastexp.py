@@ -55,14 +55,16 @@ def test_config_takes_multiples_of_eight():
       Config(exp2_poly_cols=bad)
 
 
-@pytest.mark.parametrize("t,s,h,poly_cols,kw", [
-    (256, 256, 64, 64, dict()),                                   # every column on the FMA pipe
-    (200, 300, 64, 32, dict(causal=True)),                        # masked + unmasked blocks
-    (130, 190, 128, 16, dict(window=(70, 20), softcap=15.0)),     # S off the block: masked tail
+# One batch row (no mask here differs between rows; the interpreter's cost grows with batch x
+# heads x tiles); GQA (4 heads over 2) once, one k/v head elsewhere.
+@pytest.mark.parametrize("t,s,n,kh,h,poly_cols,kw", [
+    (256, 256, 4, 2, 64, 64, dict()),                             # every column on the FMA pipe
+    (200, 300, 2, 1, 64, 32, dict(causal=True)),                  # masked + unmasked blocks
+    (130, 190, 2, 1, 128, 16, dict(window=(70, 20), softcap=15.0)),   # S off the block
 ], ids=["full_all_poly", "causal_half", "window_softcap_h128"])
-def test_forward_with_poly_exponentials_matches_reference_in_interpret_mode(t, s, h, poly_cols,
-                                                                           kw):
-  q, k, v = H.qkv_inputs(2, t, s, 4, 2, h)
+def test_forward_with_poly_exponentials_matches_reference_in_interpret_mode(t, s, n, kh, h,
+                                                                           poly_cols, kw):
+  q, k, v = H.qkv_inputs(1, t, s, n, kh, h)
   cfg = Config(block_kv=64, exp2_poly_cols=poly_cols)
   out, lse = flash_attention(q, k, v, implementation="mosaic", config=cfg, interpret=True,
                              return_lse=True, **kw)

@@ -14,15 +14,17 @@ from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config
 
 
-@pytest.mark.parametrize("t,s,h,kw", [
-    (256, 256, 64, dict()),
-    (200, 300, 64, dict(causal=True)),
-    (130, 190, 128, dict(window=(70, 20), softcap=15.0, kv_lengths=True)),
-    (160, 150, 64, dict(segments=True)),
+# (b, t, s, n, kh, h, kw). The interpreter's cost grows with the grid (batch x heads x tiles):
+# one batch row where no mask differs between rows, two (the per-row masks) with kv_lengths and
+# segments; GQA (4 heads over 2) once, one k/v head elsewhere.
+@pytest.mark.parametrize("b,t,s,n,kh,h,kw", [
+    (1, 256, 256, 4, 2, 64, dict()),
+    (1, 200, 300, 2, 1, 64, dict(causal=True)),
+    (2, 130, 190, 2, 1, 128, dict(window=(70, 20), softcap=15.0, kv_lengths=True)),
+    (2, 160, 150, 2, 1, 64, dict(segments=True)),
 ], ids=["full", "causal", "window_softcap_kvlen_h128", "segments"])
-def test_sum_in_pv_is_bitwise_the_default_in_interpret_mode(t, s, h, kw):
-  b = 2
-  q, k, v = H.qkv_inputs(b, t, s, 4, 2, h)
+def test_sum_in_pv_is_bitwise_the_default_in_interpret_mode(b, t, s, n, kh, h, kw):
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h)
   kw = H.flag_kwargs(kw, t=t, s=s, segment_lengths=(60, 45))
   run = lambda cfg: flash_attention(q, k, v, implementation="mosaic", config=cfg,
                                     interpret=True, return_lse=True, **kw)
