@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q -p no:cacheprovider --timeout=600 tests
+	$(PY) -m pytest -n 2 -q -p no:cacheprovider --timeout=600 --durations=25 tests
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
