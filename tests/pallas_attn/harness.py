@@ -329,17 +329,21 @@ def mosaic_cpu_case(case: Case) -> Case | None:
   return None if thin == case else thin
 
 
-def backend_cases(cases, backends=BACKENDS, *, as_written=(), thin=mosaic_cpu_case) -> list:
+def backend_cases(cases, backends=BACKENDS, *, as_written=(), gpu_only=(),
+                  thin=mosaic_cpu_case) -> list:
   """``pytest.param(backend, case)`` for every case on every backend, case-major (the backends of a
   case run next to each other and share its cached references). A Mosaic case that ``thin``
   changes runs as written under the ``gpu`` marker and thinned everywhere; cases in
-  ``as_written`` are not thinned."""
+  ``as_written`` are not thinned, cases in ``gpu_only`` run on Mosaic only as written (gpu)."""
   params = []
   for case in cases:
     for backend in backends:
       small = thin(case) if backend == "mosaic" and case not in as_written else None
       thin_case = None if small == case else small
-      if thin_case is None:
+      if backend == "mosaic" and case in gpu_only:
+        params.append(pytest.param(backend, case, id=f"{case.id}-{backend}",
+                                   marks=pytest.mark.gpu))
+      elif thin_case is None:
         params.append(pytest.param(backend, case, id=f"{case.id}-{backend}"))
       else:
         params.append(pytest.param(backend, case, id=f"{case.id}-{backend}",
