@@ -35,7 +35,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_attn import masks
 from pallas_attn.mosaic.fused_dq import FusedDQ, dq_width
 from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, kv_fetcher, produce,
-                                        slot_releases, tile_ranges)
+                                        produce_rings, slot_releases, split_kv_fetchers,
+                                        tile_ranges)
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
@@ -151,10 +152,10 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
   (q_smem2, do_smem2, rows_smem2, k_smem, v_smem, meta_smem, qseg_smem2, kvseg_smem,
    ds_smem2) = smem
   k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free = bars
-  (release_k, release_v), waits = slot_releases((k_free, v_free), st)
+  bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
+  (release_k, release_v), waits = slot_releases((k_free, v_free), st, stages=(stages, v_ring))
   batch, head, tile = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
   wg = lax.axis_index("wg")
-  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
 
   lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
                                                  batch=batch, tile=tile, full=st.num_kv_blocks)
@@ -215,14 +216,14 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 
     def step(j, dq, masked: bool):
       """Interpret form: one synchronous wgmma at a time, dS staged through SMEM."""
-      slot = lax.rem(j - lo, stages)
+      slot, v_slot = lax.rem(j - lo, stages), lax.rem(j - lo, v_ring)
       plgpu.barrier_wait(k_ready.at[slot])
       if st.has_segments:
         plgpu.barrier_wait(seg_ready.at[slot])
       p, t, mask = probs(_product(q_smem, k_smem.at[slot].transpose((1, 0)), shape), j, masked)
-      plgpu.barrier_wait(v_ready.at[slot])
-      dp = _product(do_smem, v_smem.at[slot].transpose((1, 0)), shape)
-      release_v(slot)
+      plgpu.barrier_wait(v_ready.at[v_slot])
+      dp = _product(do_smem, v_smem.at[v_slot].transpose((1, 0)), shape)
+      release_v(v_slot)
       ds = grad_logits(p, dp, t, mask)
       dq = _matmul_acc(dq, ds, k_smem.at[slot], None if ds_smem2 is None else ds_smem2.at[wg],
                        registers=st.registers_pv)
@@ -233,15 +234,31 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
       """Compiled form: S = Q K^T and dP = dO V^T issued back to back, P computed while the
       tensor cores run dP (FA3 Section 3.3's overlap of softmax and matmul), dQ += dS K
       accumulated in place."""
-      slot = lax.rem(j - lo, stages)
+      slot, v_slot = lax.rem(j - lo, stages), lax.rem(j - lo, v_ring)
+      # A shallower V ring (``st.v_stages``) fills V later than K: S is issued before V is
+      # waited for. With equal rings the two waits come first (the kernel as measured).
+      split_rings = v_ring != stages
       plgpu.barrier_wait(k_ready.at[slot])
-      plgpu.barrier_wait(v_ready.at[slot])
+      if not split_rings:
+        plgpu.barrier_wait(v_ready.at[v_slot])
       if st.has_segments:
         plgpu.barrier_wait(seg_ready.at[slot])
 
       def scores(s_acc, dp_acc):
         plgpu.wgmma(s_acc, q_op, k_smem.at[slot].transpose((1, 0)))
-        plgpu.wgmma(dp_acc, do_op, v_smem.at[slot].transpose((1, 0)))
+        if st.dq_serial:
+          # S's accumulator is read (and P computed) before dP's is in flight.
+          s = plgpu.wgmma_accumulator_load(s_acc, wait_n=0)
+          if st.defer_wait:   # the previous step's dQ wgmma (older than S) is done too
+            pl.when(j > lo)(lambda: release_k(lax.rem(j - 1 - lo, stages)))
+          p, t, mask = probs(s, j, masked)
+          if split_rings:
+            plgpu.barrier_wait(v_ready.at[v_slot])
+          plgpu.wgmma(dp_acc, do_op, v_smem.at[v_slot].transpose((1, 0)))
+          return p, t, mask, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
+        if split_rings:
+          plgpu.barrier_wait(v_ready.at[v_slot])
+        plgpu.wgmma(dp_acc, do_op, v_smem.at[v_slot].transpose((1, 0)))
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if st.defer_wait:     # the previous step's dQ wgmma (older than S) is done too
           pl.when(j > lo)(lambda: release_k(lax.rem(j - 1 - lo, stages)))
@@ -249,7 +266,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
         return p, t, mask, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
       acc = plgpu.ACC(shape, jnp.float32)
       p, t, mask, dp = pl.run_scoped(scores, acc, acc)
-      release_v(slot)
+      release_v(v_slot)
       plgpu.wgmma(dq_acc, grad_logits(p, dp, t, mask), k_smem.at[slot])
       if not st.defer_wait:
         plgpu.wgmma_wait(0)
@@ -276,10 +293,14 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
     plgpu.set_max_registers(producer_registers(st), action="decrease")
-    fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
-                       (k_ready, v_ready, seg_ready), batch=batch,
-                       kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
-    produce(hi - lo, stages, fetch, waits)
+    where = dict(batch=batch, kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
+    rings = ((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
+             (k_ready, v_ready, seg_ready))
+    if v_ring == stages:
+      produce(hi - lo, stages, kv_fetcher(*rings, **where), waits)
+    else:
+      fetch_k, fetch_v = split_kv_fetchers(*rings, **where)
+      produce_rings(hi - lo, ((stages, fetch_k, waits[0]), (v_ring, fetch_v, waits[1])))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,25 +549,25 @@ def _visit(lo, lo_full, hi_full, hi, step, carry, st: Statics):
 
 
 def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
-  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   smem = (
       plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=_TILED),        # Q, then dQ
       plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=_TILED),        # dO
       plgpu.SMEM((COMPUTE_WGS, 2, bq), jnp.float32),                            # L2, D
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_TILED),            # K ring
-      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=_TILED),            # V ring
+      plgpu.SMEM((v_ring, bkv, head_dim), dtype, transforms=_TILED),            # V ring
       plgpu.SMEM((8,), jnp.int32) if has_meta else None,
       plgpu.SMEM((COMPUTE_WGS, bq), jnp.int32) if st.has_segments else None,
       plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,
       None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bq, bkv), dtype, transforms=_TILED),
   )
   bars = (
-      plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+      plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=v_ring),
       plgpu.Barrier(num_barriers=stages),
       plgpu.Barrier(num_barriers=4 * COMPUTE_WGS),                             # per-WG loads
       plgpu.Barrier(num_barriers=1),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
-      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
+      plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=v_ring),
   )
   return smem, bars
 

@@ -178,6 +178,13 @@ class Config:
       bitwise the same gradients, the dQ kernel 0.5% (full) to 3% (causal) faster at
       4x4096x16x128, no spills: on by default (``default_config``; the field's own default
       stays False so that ``Config()`` is the plain kernel).
+    bwd_dq_serial: the compiled dQ kernel waits for S = Q K^T and computes P before it issues
+      dP = dO V^T (default: both issued back to back, P computed while dP runs, FA3 Section
+      3.3). One [block_q, block_kv] float32 accumulator fewer in flight per consumer, for the
+      head dims where dQ's own accumulator is large (128 registers a thread at H = 256, where
+      the dQ kernel spills 460-492 bytes at 232-240 registers, session 16); the other consumer
+      keeps the tensor cores busy meanwhile. Same products in the same order: the same
+      gradients. Interpret mode has no async form (ignored there). Not yet measured: off.
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -215,6 +222,7 @@ class Config:
   sum_in_pv: bool = False
   q_regs_cols: int = 0
   bwd_dq_regs: bool = False
+  bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
 
   def __post_init__(self):

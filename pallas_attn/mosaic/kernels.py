@@ -111,6 +111,13 @@ class Statics:
                                 # A operand from registers (loaded once per tile), not SMEM
   qdo_regs: bool = False        # dQ kernel (compiled): Q and dO as register A operands of S, dP
   kv_regs: str = ""             # dK/dV kernel (compiled): "k", "v" or "kv" as register A operands
+  v_stages: int = 0             # dQ kernel: V ring depth where it differs from K's (0: the same)
+  dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
+
+  @property
+  def v_ring(self) -> int:
+    """Slots of the V ring (the dQ kernel may run a shallower V ring than its K ring)."""
+    return self.v_stages or self.num_stages
 
   @property
   def any_mask(self) -> bool:
@@ -604,22 +611,64 @@ def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
   return fetch
 
 
-def slot_releases(free_barriers, st: Statics):
+def slot_releases(free_barriers, st: Statics, stages: tuple[int, ...] | None = None):
   """``(releases, waits)``: per ring (e.g. K and V) a consumer's ``release(slot)`` and the
   producer's ``wait(slot)``. Mbarriers (``free_barriers``, one per slot; Pallas makes every
   thread of a consumer warpgroup arrive, a shared-memory atomic each), or with ``st.named_free``
   a hardware barrier per ring and slot: the consumers ``bar.arrive`` and the producer's
   ``bar.sync`` completes once every consumer and producer thread is in (ids from
-  ``free_bar``)."""
+  ``free_bar``). ``stages``: slots per ring (default ``st.num_stages`` each)."""
+  stages = stages or (st.num_stages,) * len(free_barriers)
   if not st.named_free:
     return (tuple((lambda slot, b=b: plgpu.barrier_arrive(b.at[slot])) for b in free_barriers),
             tuple((lambda slot, b=b: plgpu.barrier_wait(b.at[slot])) for b in free_barriers))
   first, threads = free_bar(st.consumers), (st.consumers + 1) * WG_THREADS
-  ids = [lambda slot, r=r: first + r * st.num_stages + slot for r in range(len(free_barriers))]
-  if first + len(ids) * st.num_stages > 16:
+  offsets = [first + sum(stages[:r]) for r in range(len(free_barriers))]
+  ids = [lambda slot, o=o: o + slot for o in offsets]
+  if first + sum(stages) > 16:
     raise NotImplementedError("named_free: more ring slots than hardware barriers")
   return (tuple((lambda slot, i=i: named_barrier("arrive", i(slot), threads)) for i in ids),
           tuple((lambda slot, i=i: named_barrier("sync", i(slot), threads)) for i in ids))
+
+
+def split_kv_fetchers(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
+  """``(fetch_k, fetch_v)`` for ``produce_rings``: like ``kv_fetcher``, but K (with the segment
+  ids) into slot ``i % st.num_stages`` of its ring and V into slot ``i % st.v_ring`` of its own."""
+  (k_ref, v_ref, seg_ref), (k_smem, v_smem, seg_smem), (k_ready, v_ready, seg_ready) = (
+      gmem, smem, ready)
+
+  def keys(i):
+    return pl.ds((first + i) * st.block_kv, st.block_kv)
+
+  def fetch_k(i):
+    slot = lax.rem(i, st.num_stages)
+    plgpu.copy_gmem_to_smem(k_ref.at[batch, keys(i), kv_head], k_smem.at[slot], k_ready.at[slot])
+    if st.has_segments:
+      plgpu.copy_gmem_to_smem(seg_ref.at[batch, keys(i)], seg_smem.at[slot], seg_ready.at[slot])
+
+  def fetch_v(i):
+    slot = lax.rem(i, st.v_ring)
+    plgpu.copy_gmem_to_smem(v_ref.at[batch, keys(i), kv_head], v_smem.at[slot], v_ready.at[slot])
+  return fetch_k, fetch_v
+
+
+def produce_rings(num_steps, rings):
+  """Producer loop over several TMA rings of different depths, fed in step order: ``rings`` is
+  a sequence of ``(stages, fetch, wait)``. Step ``i`` of each ring waits for its slot's release
+  by step ``i - stages``, then fetches; at the end the last releases are observed (as in
+  ``produce``). With the dQ kernel's K ring at 2 slots and V at 1, K_{i+1} goes out when step
+  i - 1 has released K (after its dQ wgmma) and V_{i+1} when step i has released V (after dP),
+  so both loads overlap the consumers' work."""
+  @pl.loop(0, num_steps)
+  def _steps(i):
+    for stages, fetch, wait in rings:
+      pl.when(i >= stages)(lambda: wait(lax.rem(i, stages)))
+      fetch(i)
+
+  for stages, _, wait in rings:
+    @pl.loop(jnp.maximum(num_steps - stages, 0), num_steps)
+    def _drain(i):
+      wait(lax.rem(i, stages))
 
 
 def produce(num_steps, stages: int, fetch, free_barriers):

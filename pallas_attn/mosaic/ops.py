@@ -185,31 +185,49 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer,
                 dq_lag=cfg.bwd_dq_lag,
                 qdo_regs=cfg.bwd_dq_regs and not interpret,
+                dq_serial=cfg.bwd_dq_serial and not interpret,
                 kv_regs="" if interpret else cfg.bwd_dkdv_regs)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
-  # The dQ ring gets as many stages as fit next to Q and dO. At H = 256 (Q and dO of both
-  # consumers: 128 KB) that is one: the K/V loads then do not overlap the matmuls. (32-key steps
-  # with two stages would fit, but Mosaic's layout inference rejects the dQ kernel's 32-key
-  # tiles in JAX 0.11.2.)
-  while True:
+  # The dQ ring gets as many stages as fit next to Q and dO, trying a V ring one slot shallower
+  # than K's before giving up a K slot. At H = 256 (Q and dO of both consumers: 128 KB) two K
+  # slots and one V slot fit (224 KB of tiles, with the 2 KB reduction scratch given back):
+  # K_{j+1} is then loaded during step j - 1's dQ wgmma and V_{j+1} during step j's, where
+  # a single K/V slot (call 1 of session 16) made every step wait for its whole 64 KB load.
+  # (32-key steps with two stages would fit too, but Mosaic's layout inference rejects the dQ
+  # kernel's 32-key tiles in JAX 0.11.2.)
+  rings = [(s, v) for s in range(stages, 0, -1) for v in (s, s - 1) if v >= 1]
+  for k_stages, v_stages in rings:
     st_dq = kernels.Statics(block_q=bq, block_kv=dq_bkv, num_kv_blocks=tk // dq_bkv,
-                            num_stages=stages, **common)
-    if stages == 1 or dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
+                            num_stages=k_stages, v_stages=0 if v_stages == k_stages else v_stages,
+                            **common)
+    if dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
       break
-    stages -= 1
   st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq,
                             num_stages=cfg.bwd_num_stages, **common)
   return st_dq, st_dkdv
 
 
 def dq_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2) -> int:
-  """Shared memory of a dQ CTA: Q and dO per consumer plus the K/V ring."""
+  """Shared memory of a dQ CTA: Q and dO per consumer plus the K and V rings (and the 2 KB
+  reduction scratch Pallas reserves, which the kernel gives back when its rings differ:
+  ``dq_compiler_params``)."""
   tiles = (2 * kernels.COMPUTE_WGS * st.block_q * head_dim
-           + 2 * st.num_stages * st.block_kv * head_dim)
+           + (st.num_stages + st.v_ring) * st.block_kv * head_dim)
   if not st.registers_pv:
     tiles += kernels.COMPUTE_WGS * st.block_q * st.block_kv
-  return tiles * itemsize + kernels.COMPUTE_WGS * st.block_q * 12 + 2048
+  # Barriers, the tile metadata and alignment: ~650 bytes measured (Mosaic's own count at
+  # H = 256, 231560 bytes with split rings); the segment-id buffers take 1 KB each once aligned.
+  extra = (0 if st.v_stages else 2048) + 1024 + (2048 if st.has_segments else 0)
+  return tiles * itemsize + kernels.COMPUTE_WGS * st.block_q * 12 + extra
+
+
+def dq_compiler_params(st: kernels.Statics) -> dict:
+  """Extra ``CompilerParams`` of the dQ kernel: its only cross-thread traffic is through the
+  rings (P, dS and the row vectors stay in each thread's registers), so where the split rings
+  need the room, the 2 KB Pallas reserves for cross-warp reductions is given back; the other
+  configurations keep the default (their kernels stay as measured)."""
+  return dict(reduction_scratch_bytes=0) if st.v_stages else {}
 
 
 def _delta(do, out, dlse, block: int, interpret):
@@ -268,14 +286,14 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
-  def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=()):
+  def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=(), params=None):
     inputs = base + ([meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
     outs = plgpu.kernel(
         kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=names,
         num_threads=kernels.COMPUTE_WGS + 1, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        compiler_params=plgpu.CompilerParams(approx_math=True, **(params or {})),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
         kernel_name=f"flash_attention_{name}")(*inputs, *extra_inputs)   # names in profiles
     return match_vma(list(outs), axes) if axes else list(outs)
@@ -297,7 +315,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     (dq,) = call("dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
                  backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
                  (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
-                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq)
+                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq,
+                 params=dq_compiler_params(st_dq))
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv)
   elif interpret:
     dk, dv, parts = call("dkdv",

@@ -1,0 +1,82 @@
+"""The dQ kernel with a V ring shallower than its K ring (``Statics.v_stages``).
+
+At H = 256 two K/V slots do not fit next to both consumers' Q and dO (128 KB), and with one the
+K/V loads never overlapped the matmuls (session 16: the dQ kernel at 378 TFLOP/s against the
+split dK/dV kernel's 639). Two K slots and one V slot fit: ``ops._backward_statics`` tries that
+before giving up a K slot. Interpret mode runs it at a small head dim (the fit is forced there:
+the interpreter stages dS through SMEM, so at H = 256 only one slot fits in interpret mode).
+"""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_attn import flash_attention, reference
+from pallas_attn.mosaic import Config, backward, ops
+
+
+def _grads(fn, q, k, v, do):
+  out, vjp = jax.vjp(fn, q, k, v)
+  return (out, *vjp(do.astype(out.dtype)))
+
+
+def _statics(h, *, segments=False, interpret=False):
+  q = jnp.zeros((1, 256, 2, h), jnp.bfloat16)
+  seg = jnp.zeros((1, 256), jnp.int32) if segments else None
+  return ops._backward_statics(q, q, seg, None, causal=True, scale=1.0, window=None,
+                               softcap=None, cfg=Config(), interpret=interpret)
+
+
+def test_rings_by_head_dim():
+  """Compiled: H = 256 gets 2 K slots and 1 V slot inside the SMEM limit, except with segment
+  ids (their buffers put it 1160 bytes over by Mosaic's count: one slot each, as before); H = 128
+  and 64 keep equal two-slot rings (their kernels unchanged)."""
+  st_dq, _ = _statics(256)
+  assert (st_dq.num_stages, st_dq.v_ring, st_dq.v_stages) == (2, 1, 1)
+  assert ops.dq_smem_bytes(st=st_dq, head_dim=256) <= ops.SMEM_LIMIT_BYTES
+  assert ops.dq_compiler_params(st_dq) == dict(reduction_scratch_bytes=0)
+  st_dq, _ = _statics(256, segments=True)
+  assert (st_dq.num_stages, st_dq.v_ring) == (1, 1)
+  for h in (64, 128):
+    st_dq, _ = _statics(h)
+    assert (st_dq.num_stages, st_dq.v_stages) == (2, 0)
+    assert ops.dq_compiler_params(st_dq) == {}
+  # Interpret mode stages dS through SMEM: one slot each at H = 256, as before.
+  st_dq, _ = _statics(256, interpret=True)
+  assert (st_dq.num_stages, st_dq.v_ring) == (1, 1)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True, segments=True, kv_lengths=True),
+                                dict(window=(30, 5), softcap=20.0)],
+                         ids=["causal_seg_len", "window_softcap"])
+def test_split_rings_match_reference_in_interpret_mode(kw, monkeypatch):
+  """H = 64, GQA 4:2, T and S off the tiles, with the fit forced to 2 K slots and 1 V slot:
+  every K/V block goes through both rings at different slots (several steps per CTA)."""
+  real = ops.dq_smem_bytes
+  monkeypatch.setattr(ops, "dq_smem_bytes", lambda *, st, head_dim: (
+      real(st=st, head_dim=head_dim) if st.v_stages else ops.SMEM_LIMIT_BYTES + 1))
+  seen = []
+  real_kernel = backward.dq_kernel
+  monkeypatch.setattr(backward, "dq_kernel",
+                      lambda *a, **k: seen.append(k["st"]) or real_kernel(*a, **k))
+  b, t, s, n, kh, h = 2, 150, 330, 4, 2, 64
+  keys = jax.random.split(jax.random.key(5), 4)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
+  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
+  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
+  if kw.get("segments"):
+    extra["q_segment_ids"] = (jnp.arange(t)[None] * 2 // t).repeat(b, 0)
+    extra["kv_segment_ids"] = (jnp.arange(s)[None] * 2 // s).repeat(b, 0)
+  if kw.get("kv_lengths"):
+    extra["kv_lengths"] = jnp.array([s, 201], jnp.int32)
+  cfg = Config(block_kv=64, backward="mosaic")
+  got = _grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                               interpret=True, **extra), q, k, v, do)
+  want = _grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
+                                                    **extra),
+                *(x.astype(jnp.float32) for x in (q, k, v)), do)
+  assert seen and all((st.num_stages, st.v_ring) == (2, 1) for st in seen)
+  for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):
+    err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
+    assert err < 2e-2, (name, err)
