@@ -82,8 +82,11 @@ class Config:
     bwd_split_dkdv: head dims whose dK/dV tiles do not fit one consumer (H = 256): the two
       consumers of a dK/dV CTA share its keys and split the work by role (``backward_split.py``:
       one computes S^T, P^T and dV, the other dP^T, dS^T and dK, P^T handed over in float16),
-      with a one-stage dQ kernel, instead of the Triton FA2 backward. Interpret-mode tests and
-      sm90 lowering pass; not yet run on a GPU (session 15), hence off.
+      instead of the Triton FA2 backward; its dQ kernel runs two K slots and one V slot
+      (``ops._backward_statics``). H200 (session 16), 4x4096x8x256 fwd+bwd with
+      ``bwd_dq_serial``, no ``bwd_dq_regs`` and 240 registers: 11.99 -> 4.007 ms full (0.35 ->
+      1.043x cuDNN), 6.27 -> 2.265 ms causal (1.019x); compiled tests pass. On by default for
+      padded head dims over 128 (``default_config``); ignored where the two-consumer tiles fit.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
       dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
@@ -184,7 +187,10 @@ class Config:
       head dims where dQ's own accumulator is large (128 registers a thread at H = 256, where
       the dQ kernel spills 460-492 bytes at 232-240 registers, session 16); the other consumer
       keeps the tensor cores busy meanwhile. Same products in the same order: the same
-      gradients. Interpret mode has no async form (ignored there). Not yet measured: off.
+      gradients. Interpret mode has no async form (ignored there). H200 (session 16), H = 256
+      dQ kernel: 1.598 ms (232 registers) / 1.414 ms (240) against 1.563 (240, overlapped) at
+      4x4096x8x256 full; causal 0.954 / 0.880 against 0.955 (ptxas: 340-380 bytes of spills
+      either way, from 460-492 with one K/V slot). Default for head dims over 128 only.
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -319,8 +325,15 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # 256 it measured within +-1.5% (and the unmasked H = 128 form is not served, see
   # ops.register_q_cols). The dQ kernel's Q and dO in registers (bwd_dq_regs): bitwise the
   # same gradients, its kernel 0.5-3% faster at H = 128 (session 14).
+  # Head dims over 128: the split dK/dV kernel and the dQ kernel with S waited for before dP
+  # (bwd_dq_serial), without Q / dO in registers (128 more registers next to dQ's 128: the
+  # causal dQ kernel 1.33 -> 1.83 ms with them) and at 240 registers: fwd+bwd 1.043x / 1.019x
+  # cuDNN at 4x4096x8x256 full / causal, against 0.35x with the Triton FA2 backward (H200,
+  # session 16; the serial order and 240 registers took the dQ kernel 1.563 -> 1.414 ms full).
+  wide = hp > 128
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
+                bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=240 if wide else 232,
                 persistent=persistent_ok and (not masked or short),
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
-                q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=True)
+                q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide)

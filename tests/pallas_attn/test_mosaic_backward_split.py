@@ -1,8 +1,9 @@
 """The Mosaic backward at head dims over 128 (``pallas_attn/mosaic/backward_split.py``).
 
 At H = 256 the dK/dV consumers split the work by role (dV side: S^T, P^T, dV; dK side: dP^T,
-dS^T, dK, with P^T handed over in float16) and the dQ kernel's K/V ring has one stage (two do
-not fit next to Q and dO). Before, such calls ran the Triton FA2 backward. Interpret mode against the float32 reference on CPU; the
+dS^T, dK, with P^T handed over in float16) and the dQ kernel's ring has two K slots and one V
+slot compiled (one each in interpret mode, where dS goes through SMEM). Before session 16 such
+calls ran the Triton FA2 backward; now ``default_config`` picks this form over 128. Interpret mode against the float32 reference on CPU; the
 compiled form is lowered for sm90 here and runs on the GPU in the shared suite's grid.
 """
 import dataclasses
@@ -75,19 +76,32 @@ def test_routing_by_shared_memory():
   st_dq, st_dkdv = statics(256)
   assert ops.backward_smem_bytes(st=st_dkdv, head_dim=256) > ops.SMEM_LIMIT_BYTES
   assert backward_split.split_smem_bytes(st=st_dkdv, head_dim=256) <= ops.SMEM_LIMIT_BYTES
-  assert st_dq.block_kv == 64 and st_dq.num_stages == 1
+  assert st_dq.block_kv == 64 and (st_dq.num_stages, st_dq.v_ring) == (2, 1)
   assert ops.dq_smem_bytes(st=st_dq, head_dim=256) <= ops.SMEM_LIMIT_BYTES
   st_dq, st_dkdv = statics(128)
   assert ops.backward_smem_bytes(st=st_dkdv, head_dim=128) <= ops.SMEM_LIMIT_BYTES
   assert st_dq.num_stages == 2
 
 
+def test_split_is_the_default_over_128():
+  """Measured on the H200 (session 16: 1.04x / 1.02x cuDNN fwd+bwd at 4x4096x8x256), the split
+  backward is ``default_config``'s choice for padded head dims over 128, with the serial dQ
+  order and no register Q / dO there; H <= 128 keeps the two-consumer kernels."""
+  wide = default_config(head_dim=256, seq_k=4096)
+  assert wide.bwd_split_dkdv and wide.bwd_dq_serial and not wide.bwd_dq_regs
+  assert wide.bwd_registers == 240 and wide.backward == "mosaic"
+  for h in (64, 128):
+    cfg = default_config(head_dim=h, seq_k=4096)
+    assert not cfg.bwd_split_dkdv and not cfg.bwd_dq_serial and cfg.bwd_dq_regs
+    assert cfg.bwd_registers == 232
+
+
 @pytest.mark.parametrize("cfg", [Config(block_kv=64), Config(block_kv=64, backward="triton",
                                                                bwd_split_dkdv=True)],
-                         ids=["default_off", "triton_chosen"])
+                         ids=["plain_config", "triton_chosen"])
 def test_h256_backward_runs_triton_unless_split_asked(cfg, monkeypatch):
-  """Until the split form has run compiled on a GPU it is opt-in: by default (and whenever
-  ``backward="triton"`` is chosen) H = 256 gradients come from the FA2 kernels."""
+  """A Config without ``bwd_split_dkdv`` (the field's own default stays False, as for every
+  opt-in form) and ``backward="triton"`` still give H = 256 gradients from the FA2 kernels."""
   called = []
   real = ops.triton_ops.backward
   monkeypatch.setattr(ops.triton_ops, "backward",
