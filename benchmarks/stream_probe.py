@@ -66,15 +66,19 @@ def direct_stream(x, *, ctas: int, rows: int, dist: int):
   return plgpu.kernel(body, out_type=out, grid=(ctas,), grid_names=("c",))(x)
 
 
-def tma_stream(x, *, ctas: int, rows: int, stages: int):
-  """The same bytes through a TMA ring of ``stages`` [rows, C] boxes with an empty body."""
+def tma_stream(x, *, ctas: int, rows: int, stages: int, private: bool = False):
+  """The same bytes through a TMA ring of ``stages`` [rows, C] boxes with an empty body. Boxes
+  are dealt round-robin (at any moment the CTAs read one contiguous stretch), or with
+  ``private`` each CTA streams its own contiguous region (the W4A16 kernel's order: each CTA
+  its own features, far apart from the others')."""
   r, c = x.shape
   steps = r // (rows * ctas)
+  where = (lambda t, cta: cta * steps + t) if private else (lambda t, cta: t * ctas + cta)
 
   def body(x_ref, o_ref):
     cta = lax.axis_index("c")
     plgpu.emit_pipeline(lambda _, x_smem: None, grid=(steps,),
-                        in_specs=[plgpu.BlockSpec((rows, c), lambda t: (t * ctas + cta, 0))],
+                        in_specs=[plgpu.BlockSpec((rows, c), lambda t: (where(t, cta), 0))],
                         max_concurrent_steps=stages)(x_ref)
     o_ref[pl.ds(cta * 128, 128)] = jnp.zeros((128,), jnp.int32)  # a side effect per CTA
 
@@ -101,6 +105,11 @@ def variants():
       out.append((f"tma_c{ctas}_r{rows}x256_s{stages}",
                   functools.partial(tma_stream, ctas=ctas, rows=rows, stages=stages), 256,
                   steps * rows * ctas * 256 * 4))
+  for ctas, rows, stages in ((132, 16, 4), (264, 16, 4), (132, 64, 3)):
+    steps = WORDS // 256 // (rows * ctas)
+    out.append((f"tma_private_c{ctas}_r{rows}x256_s{stages}",
+                functools.partial(tma_stream, ctas=ctas, rows=rows, stages=stages, private=True),
+                256, steps * rows * ctas * 256 * 4))
   return out
 
 
@@ -132,10 +141,14 @@ def main():
   # Peers: XLA's reduction over the same bytes, and the bf16 GEMV that sets the W4A16 bar.
   xla_xor = lambda x: lax.reduce(x, jnp.int32(0), lax.bitwise_xor, (0,))
   timed("xla_xor_reduce", xla_xor, base[1024], WORDS * 4)
-  w = [jax.random.normal(jax.random.fold_in(key, 9 + i), (8192, 28672), jnp.bfloat16)
-       for i in range(2)]
+  if args.only:
+    w = []
+  else:
+    w = [jax.random.normal(jax.random.fold_in(key, 9 + i), (8192, 28672), jnp.bfloat16)
+         for i in range(2)]
   xv = jnp.ones((1, 8192), jnp.bfloat16)
-  timed("xla_bf16_gemv_8192x28672", lambda wi: xv @ wi, w, 8192 * 28672 * 2)
+  if w:
+    timed("xla_bf16_gemv_8192x28672", lambda wi: xv @ wi, w, 8192 * 28672 * 2)
   del w
   for name, one, c, nbytes in variants():
     if args.only and not any(name.startswith(p) for p in args.only.split(",")):
