@@ -372,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS}")
   parser.add_argument("--rows", default="", help="comma list of BxTxNxH (default: the grid)")
   parser.add_argument("--modes", default=",".join(MODES), help="fwd,fwdbwd")
+  parser.add_argument("--rounds", type=int, default=1,
+                      help="measure every implementation this many times in turn, keep the "
+                           "fastest (removes the first-in-row penalty)")
   parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations")
   parser.add_argument("--iters", type=int, default=None, help="CUPTI iterations (20; quick 3)")
   parser.add_argument("--budget-s", type=float, default=400.0,
@@ -433,42 +436,56 @@ def main(argv: Sequence[str] | None = None) -> int:
   for row, modes in plan:
     for causal in (False, True):
       case = None
-      for impl in impls:
-        for mode in modes:
-          record: dict[str, Any] = {"row": list(row), "causal": causal, "impl": impl,
-                                    "mode": mode, "status": "skipped", "valid": False,
-                                    "tflops": None, "error": ""}
-          elapsed = time.monotonic() - start
-          if elapsed > args.budget_s:
-            record["error"] = f"time budget {args.budget_s:.0f}s spent"
-          elif impl in unavailable:
-            record["error"] = f"unavailable: {unavailable[impl]}"
-          elif impl == "xla" and row[1] > args.xla_max_seq:
-            record["error"] = f"XLA skipped above T={args.xla_max_seq} (--xla-max-seq)"
-          else:
-            try:
-              if case is None:
-                case = make_case(row, causal, args.seed)
-              record.update(run_one(case, impl, mode,
-                                    iterations if impl != "xla" else max(3, iterations // 4)))
-            except Unavailable as e:
-              unavailable[impl] = str(e)
-              record.update(status="error", error=f"unavailable: {e}")
-            except Exception as e:  # pylint: disable=broad-except
-              tb = traceback.format_exc(limit=-3)
-              record.update(status="error", error=f"{type(e).__name__}: {e}"[:2000],
-                            traceback=tb[-3000:])
-          results.append(record)
-          save(partial=True)
-          tag = f"[{time.monotonic() - start:6.1f}s] {'x'.join(map(str, row))} " \
-                f"{'causal' if causal else 'full  '} {impl:14s} {mode:6s}"
-          if record["status"] in ("ok", "wrong"):
-            errs = " ".join(f"{k} {v:.1e}" for k, v in record["rel_err"].items())
-            print(f"{tag} {record['ms']:9.3f} ms {record['tflops']:7.1f} TFLOP/s "
-                  f"({record['method']}) {record['status'].upper()} err[{errs}] "
-                  f"compile {record['compile_s']:.1f}s", flush=True)
-          else:
-            print(f"{tag} {record['status'].upper()}: {record['error'][:300]}", flush=True)
+      best: dict[tuple[str, str], dict[str, Any]] = {}
+      for rnd, impl, mode in ((r, i, m) for r in range(args.rounds) for i in impls
+                              for m in modes):
+        record: dict[str, Any] = {"row": list(row), "causal": causal, "impl": impl,
+                                  "mode": mode, "status": "skipped", "valid": False,
+                                  "tflops": None, "error": ""}
+        elapsed = time.monotonic() - start
+        if elapsed > args.budget_s:
+          record["error"] = f"time budget {args.budget_s:.0f}s spent"
+        elif impl in unavailable:
+          record["error"] = f"unavailable: {unavailable[impl]}"
+        elif impl == "xla" and row[1] > args.xla_max_seq:
+          record["error"] = f"XLA skipped above T={args.xla_max_seq} (--xla-max-seq)"
+        else:
+          try:
+            if case is None:
+              case = make_case(row, causal, args.seed)
+            record.update(run_one(case, impl, mode,
+                                  iterations if impl != "xla" else max(3, iterations // 4)))
+          except Unavailable as e:
+            unavailable[impl] = str(e)
+            record.update(status="error", error=f"unavailable: {e}")
+          except Exception as e:  # pylint: disable=broad-except
+            tb = traceback.format_exc(limit=-3)
+            record.update(status="error", error=f"{type(e).__name__}: {e}"[:2000],
+                          traceback=tb[-3000:])
+        record["round"] = rnd
+        # --rounds: every implementation is measured once per round, in turn, and the table
+        # keeps its fastest round (a failed or wrong round is kept instead: never hidden).
+        # The first measurement of a row ran ~5% slow in session 14 (whichever config it was),
+        # and "ours" is always first: one round charged it that.
+        prev = best.get((impl, mode))
+        round_ms = (prev or {}).get("round_ms", []) + [record.get("ms")]
+        if (prev is None or record["status"] != "ok"
+            or (prev["status"] == "ok" and record["ms"] < prev["ms"])):
+          best[(impl, mode)] = record
+        best[(impl, mode)]["round_ms"] = round_ms
+        tag = f"[{time.monotonic() - start:6.1f}s] {'x'.join(map(str, row))} " \
+              f"{'causal' if causal else 'full  '} {impl:14s} {mode:6s}" \
+              + (f" r{rnd}" if args.rounds > 1 else "")
+        if record["status"] in ("ok", "wrong"):
+          errs = " ".join(f"{k} {v:.1e}" for k, v in record["rel_err"].items())
+          print(f"{tag} {record['ms']:9.3f} ms {record['tflops']:7.1f} TFLOP/s "
+                f"({record['method']}) {record['status'].upper()} err[{errs}] "
+                f"compile {record['compile_s']:.1f}s", flush=True)
+        else:
+          print(f"{tag} {record['status'].upper()}: {record['error'][:300]}", flush=True)
+      results.extend(best[(impl, mode)] for impl in impls for mode in modes
+                     if (impl, mode) in best)
+      save(partial=True)
       del case
   save(partial=False)
   print("\n" + format_tables(results, impls), flush=True)
