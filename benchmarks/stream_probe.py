@@ -12,6 +12,9 @@ probe times two bare streams over the same bytes, with no W4A16 logic at all:
           into an accumulator; ``dist`` steps are in flight (loaded into loop-carried registers
           ``dist`` iterations before use), i.e. the software prefetch a GEMV kernel uses
 
+  extras  the tma ring plus the W4A16 decode kernel's other per-step copies (scale / zero rows,
+          x's planes from L2), one kind at a time
+
 against XLA in the same process: ``jnp.bitwise_xor.reduce`` over the same array, and the bf16
 [1, 8192] x [8192, 28672] matmul whose rate defines the bar. Each kernel reads one of four
 copies per call in turn (536 MB, 10x the L2), so no call finds its bytes in L2.
@@ -86,6 +89,55 @@ def tma_stream(x, *, ctas: int, rows: int, stages: int, private: bool = False):
   return plgpu.kernel(body, out_type=out, grid=(ctas,), grid_names=("c",))(x)
 
 
+def tma_extras_stream(x, scales, zeros, xs, *, ctas: int, rows: int, stages: int,
+                      with_x: bool, with_sz: bool):
+  """``tma_stream`` (round-robin, [rows, C] int32 boxes) plus the W4A16 decode kernel's other
+  copies of a step: with ``with_sz`` a [4, 64] bf16 box (512 bytes: 4 groups of 64 features)
+  of ``scales`` and one of ``zeros`` ([4 U, 64], U the number of code boxes); with ``with_x``
+  an 8 KB [4, 8, 128] bf16 box of ``xs`` ([64, 8, 128], 128 KB: stays in L2, like x's planes,
+  which every CTA reads). Which of them costs the ~10% between this ring and the kernel's
+  memory pipeline?"""
+  r, c = x.shape
+  steps = r // (rows * ctas)
+  specs = [plgpu.BlockSpec((rows, c), lambda t, cta: (t * ctas + cta, 0))]
+  refs = [x]
+  if with_sz:
+    for a in (scales, zeros):
+      specs.append(plgpu.BlockSpec((4, 64), lambda t, cta: (t * ctas + cta, 0)))
+      refs.append(a)
+  if with_x:
+    specs.append(plgpu.BlockSpec((4, 8, 128), lambda t, cta: (lax.rem(t, 16), 0, 0)))
+    refs.append(xs)
+
+  def body(*refs_and_out):
+    *ins, o_ref = refs_and_out
+    cta = lax.axis_index("c")
+    bound = [plgpu.BlockSpec(sp.block_shape, functools.partial(
+        lambda t, f: f(t, cta), f=sp.index_map)) for sp in specs]
+    plgpu.emit_pipeline(lambda _, *smem: None, grid=(steps,), in_specs=bound,
+                        max_concurrent_steps=stages)(*ins)
+    o_ref[pl.ds(cta * 128, 128)] = jnp.zeros((128,), jnp.int32)
+
+  out = jax.ShapeDtypeStruct((ctas * 128,), jnp.int32)
+  return plgpu.kernel(body, out_type=out, grid=(ctas,), grid_names=("c",))(*refs)
+
+
+def extras_variants(scales, zeros, xs):
+  """The decode kernel's per-step copies on top of the bare ring (``tma_extras_stream``)."""
+  out = []
+  for ctas in (132, 264):
+    steps = WORDS // 256 // (16 * ctas)
+    codes = steps * 16 * ctas * 256 * 4
+    for name, with_x, with_sz in (("bare", False, False), ("x", True, False),
+                                  ("sz", False, True), ("x_sz", True, True)):
+      extra = 2 * steps * ctas * 512 if with_sz else 0
+      fn = functools.partial(tma_extras_stream, scales=scales, zeros=zeros, xs=xs, ctas=ctas,
+                             rows=16, stages=4, with_x=with_x, with_sz=with_sz)
+      out.append((f"extras_{name}_c{ctas}_r16x256_s4", lambda x, fn=fn: fn(x), 256,
+                  codes + extra))
+  return out
+
+
 def variants():
   """(name, fn, row width C, bytes read per call)."""
   out = []
@@ -150,7 +202,11 @@ def main():
   if w:
     timed("xla_bf16_gemv_8192x28672", lambda wi: xv @ wi, w, 8192 * 28672 * 2)
   del w
-  for name, one, c, nbytes in variants():
+  boxes = WORDS // 256 // 16
+  scales = jnp.ones((4 * boxes, 64), jnp.bfloat16)
+  zeros = jnp.ones((4 * boxes, 64), jnp.bfloat16)
+  xs = jnp.ones((64, 8, 128), jnp.bfloat16)
+  for name, one, c, nbytes in variants() + extras_variants(scales, zeros, xs):
     if args.only and not any(name.startswith(p) for p in args.only.split(",")):
       continue
     if time.time() - start > args.budget_s:
