@@ -532,3 +532,33 @@ def check_case(case: Case, implementation: str, **extra) -> dict:
   assert_dtypes(case, res)
   assert_ratio_rule(res, hi, lo, case.dtype, what=f"{implementation} {case.id}")
   return res
+
+
+def grads_against_reference(cfg, kw: dict, *, b: int, t: int, s: int, n: int, kh: int, h: int,
+                            seed: int, segments: int = 3, kv_len: int = 77):
+  """(out, dq, dk, dv) of the Mosaic backend in interpret mode and of the float32 reference for
+  random bf16 inputs and the masks named in ``kw`` (causal, window, softcap, and ``segments`` /
+  ``kv_lengths`` flags: ``segments`` equal runs of ids, the second batch row cut to ``kv_len``
+  keys). Shared by the Mosaic backward tests that force one kernel form each."""
+  keys = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
+  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
+  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
+  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
+  if kw.get("segments"):
+    extra["q_segment_ids"] = (jnp.arange(t)[None] * segments // t).repeat(b, 0)
+    extra["kv_segment_ids"] = (jnp.arange(s)[None] * segments // s).repeat(b, 0)
+  if kw.get("kv_lengths"):
+    extra["kv_lengths"] = jnp.array([s, kv_len], jnp.int32)
+
+  def grads(fn, *args):
+    out, vjp = jax.vjp(fn, *args)
+    return (out, *vjp(do.astype(out.dtype)))
+  got = grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                              interpret=True, **extra), q, k, v)
+  want = grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
+                                                   **extra),
+               *(x.astype(jnp.float32) for x in (q, k, v)))
+  return got, want
+

@@ -3,8 +3,8 @@
 At H = 256 the dK/dV consumers split the work by role (dV side: S^T, P^T, dV; dK side: dP^T,
 dS^T, dK, with P^T handed over in float16) and the dQ kernel's ring has two K slots and one V
 slot compiled (one each in interpret mode, where dS goes through SMEM). Before session 16 such
-calls ran the Triton FA2 backward; now ``default_config`` picks this form over 128. Interpret mode against the float32 reference on CPU; the
-compiled form is lowered for sm90 here and runs on the GPU in the shared suite's grid.
+calls ran the Triton FA2 backward; now ``default_config`` picks this form over 128. Interpret
+mode against the float32 reference on CPU; the compiled form is lowered for sm90 here and runs on the GPU in the shared suite's grid.
 """
 import dataclasses
 
@@ -14,13 +14,8 @@ import pytest
 from jax._src import mesh as mesh_lib
 
 import harness as H
-from pallas_attn import flash_attention, reference
+from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, backward, backward_split, default_config, ops
-
-
-def _grads(fn, q, k, v, do):
-  out, vjp = jax.vjp(fn, q, k, v)
-  return (out, *vjp(do.astype(out.dtype)))
 
 
 @pytest.mark.parametrize("kw,h", [(dict(causal=True, softcap=20.0), 256),
@@ -40,24 +35,8 @@ def test_split_backward_matches_reference_in_interpret_mode(kw, h, monkeypatch):
   monkeypatch.setattr(backward_split, "dkdv_split_kernel",
                       spy("split", backward_split.dkdv_split_kernel))
   monkeypatch.setattr(backward, "dq_kernel", spy("dq", backward.dq_kernel))
-  b, t, s, n, kh = 2, 150, 200, 4, 2
-  keys = jax.random.split(jax.random.key(11), 4)
-  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
-  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
-  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
-  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
-  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
-  if kw.get("segments"):
-    extra["q_segment_ids"] = (jnp.arange(t)[None] * 3 // t).repeat(b, 0)
-    extra["kv_segment_ids"] = (jnp.arange(s)[None] * 3 // s).repeat(b, 0)
-  if kw.get("kv_lengths"):
-    extra["kv_lengths"] = jnp.array([s, 77], jnp.int32)
   cfg = Config(block_kv=64, backward="mosaic", bwd_split_dkdv=True)
-  got = _grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
-                                               interpret=True, **extra), q, k, v, do)
-  want = _grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
-                                                    **extra),
-                *(x.astype(jnp.float32) for x in (q, k, v)), do)
+  got, want = H.grads_against_reference(cfg, kw, b=2, t=150, s=200, n=4, kh=2, h=h, seed=11)
   assert set(seen) == {"split", "dq"}
   assert seen["dq"].num_stages == 1 and seen["split"].block_kv == 64
   for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):

@@ -6,17 +6,11 @@ split dK/dV kernel's 639). Two K slots and one V slot fit: ``ops._backward_stati
 before giving up a K slot. Interpret mode runs it at a small head dim (the fit is forced there:
 the interpreter stages dS through SMEM, so at H = 256 only one slot fits in interpret mode).
 """
-import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_attn import flash_attention, reference
+import harness as H
 from pallas_attn.mosaic import Config, backward, ops
-
-
-def _grads(fn, q, k, v, do):
-  out, vjp = jax.vjp(fn, q, k, v)
-  return (out, *vjp(do.astype(out.dtype)))
 
 
 def _statics(h, *, segments=False, interpret=False):
@@ -58,24 +52,9 @@ def test_split_rings_match_reference_in_interpret_mode(kw, monkeypatch):
   real_kernel = backward.dq_kernel
   monkeypatch.setattr(backward, "dq_kernel",
                       lambda *a, **k: seen.append(k["st"]) or real_kernel(*a, **k))
-  b, t, s, n, kh, h = 2, 150, 330, 4, 2, 64
-  keys = jax.random.split(jax.random.key(5), 4)
-  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
-  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
-  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
-  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
-  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
-  if kw.get("segments"):
-    extra["q_segment_ids"] = (jnp.arange(t)[None] * 2 // t).repeat(b, 0)
-    extra["kv_segment_ids"] = (jnp.arange(s)[None] * 2 // s).repeat(b, 0)
-  if kw.get("kv_lengths"):
-    extra["kv_lengths"] = jnp.array([s, 201], jnp.int32)
   cfg = Config(block_kv=64, backward="mosaic")
-  got = _grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
-                                               interpret=True, **extra), q, k, v, do)
-  want = _grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
-                                                    **extra),
-                *(x.astype(jnp.float32) for x in (q, k, v)), do)
+  got, want = H.grads_against_reference(cfg, kw, b=2, t=150, s=330, n=4, kh=2, h=64, seed=5,
+                                         segments=2, kv_len=201)
   assert seen and all((st.num_stages, st.v_ring) == (2, 1) for st in seen)
   for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):
     err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
