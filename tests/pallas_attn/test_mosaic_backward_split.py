@@ -4,7 +4,8 @@ At H = 256 the dK/dV consumers split the work by role (dV side: S^T, P^T, dV; dK
 dS^T, dK, with P^T handed over in float16) and the dQ kernel's ring has two K slots and one V
 slot compiled (one each in interpret mode, where dS goes through SMEM). Before session 16 such
 calls ran the Triton FA2 backward; now ``default_config`` picks this form over 128. Interpret
-mode against the float32 reference on CPU; the compiled form is lowered for sm90 here and runs on the GPU in the shared suite's grid.
+mode against the float32 reference on CPU; the compiled form is lowered for sm90 here and runs
+on the GPU in the shared suite's grid.
 """
 import dataclasses
 
