@@ -89,7 +89,7 @@ class Config:
       padded head dims over 128 (``default_config``); ignored where the two-consumer tiles fit.
     backward: "mosaic" (the wgmma dQ and dK/dV kernels of ``backward.py``) or "triton" (the
       FA2 kernels of the Triton backend on the same residuals; also used whenever the Mosaic
-      dK/dV tiles do not fit in shared memory, i.e. head dims over 128).
+      dK/dV tiles do not fit in shared memory: head dims over 128 without ``bwd_split_dkdv``).
     overlap: intra-warpgroup overlap of the forward (FA3 Section 3.2): the softmax of block j+1
       runs while the tensor cores compute P_j V_j. Compiled only (interpret mode runs the plain
       loop: the Mosaic GPU interpreter has no register operands for wgmma). Correct but measured

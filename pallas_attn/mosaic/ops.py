@@ -3,8 +3,10 @@
 Forward: ``kernels.fwd_kernel`` (TMA ring + two ping-ponging wgmma consumers). Backward:
 ``backward.dq_kernel`` and ``backward.dkdv_kernel`` (wgmma, deterministic GQA sums), or with
 ``Config.bwd_fused_dq`` the dK/dV kernel alone, dQ reduced into a float32 accumulator; at head
-dims whose dK/dV tiles exceed shared memory (over 128), the Triton FA2 kernels on the same
-residuals.
+dims whose dK/dV tiles exceed shared memory (over 128), ``backward_split.dkdv_split_kernel``
+(``Config.bwd_split_dkdv``, on in ``default_config`` there) and the dQ kernel with a shallower V
+ring, or the Triton FA2 kernels on the same residuals where neither fits or they are not asked
+for.
 """
 from __future__ import annotations
 
