@@ -9,6 +9,8 @@
 #          H=128, 192 at H=64), possible since the V ring's swizzle follows the block; the
 #          persistent launch at H=256 (O in 64-column chunks); the persistent 256-key hang
 #          probed with mbarrier turns (interpret mode's form). ~16 configs, ~5-6 minutes.
+#   lazy   session 16: Config.lazy_rescale (FA4's conditional rescaling) at H = 256 and on the
+#          two unmasked H = 128 rows nearest cuDNN.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 set_name="${1:-tiles}"
 limit="${2:-45}"
@@ -57,8 +59,22 @@ elif [ "$set_name" = tiles ]; then
   done
   one --shape 4x4096x32x64 --fields "persistent=True,named_barriers=False" --probe-stall
   one --shape 4x4096x32x64 --causal --fields block_kv=192
+elif [ "$set_name" = lazy ]; then
+  # Session 16: FA4's conditional rescaling (lazy_rescale = tau, log2 units) on the rows just
+  # below or at cuDNN: H = 256 (O's rescale is 128 FMULs a thread a step there), 1x16384 and
+  # 4x4096 H = 128 full. Each row's default first, then tau = 8 (FA4's) and 16; ~3 minutes.
+  for mask in "" --causal; do
+    for f in "" lazy_rescale=8.0 lazy_rescale=16.0; do
+      one --shape 4x4096x8x256 $mask --fields "$f"
+    done
+  done
+  for shape in 1x16384x16x128 4x4096x16x128; do
+    for f in "" lazy_rescale=8.0; do
+      one --shape $shape --fields "$f"
+    done
+  done
 else
-  echo "unknown set $set_name (s11 or tiles)"; exit 2
+  echo "unknown set $set_name (s11, tiles or lazy)"; exit 2
 fi
 cat "$out/fwd.jsonl" 2>/dev/null | python3 -c "
 import json,sys

@@ -163,6 +163,19 @@ class Config:
       tokamax's sm90 step). Same sum of the same float32 P: bitwise the same output in
       interpret mode (tests; compiled, not yet compared). Not with ``overlap`` (its own loop).
       Not yet measured: off.
+    lazy_rescale: forward: FlashAttention-4's conditional rescaling, with threshold ``tau``
+      (log2 units; 0.0 = off). The online softmax rescales O by alpha = 2^(m_old - m_new) each
+      time a row's running max grows (FA2 Alg. 1 line 10): at H = 256 that is 128 FMULs a
+      thread per step, ahead of the P V wgmma that accumulates into O. Here the warpgroup
+      keeps its stale maxima while no row's max grew by more than ``tau`` since it was taken:
+      P = 2^(c s - m_stale) <= 2^tau, O and l accumulate as before, and the rescale (with the
+      new maxima) runs only on the steps where some row's max grew by more. The result is the
+      same softmax (l and O use the same maxima, and lse = m + log2 l), up to float32
+      rounding; P in bf16 keeps its relative precision up to 2^tau. One cross-warp max per
+      step decides (a warpgroup-uniform branch). 8.0 is FA4's choice; values above ~100 would
+      risk overflow of l and O in float32. Not with ``overlap`` (its own loop) nor
+      ``sum_in_pv``. Written in session 16 for the H = 256 forward (0.93x cuDNN there, where
+      tokamax runs a rescale threshold too); not yet measured: off.
     q_regs_cols: forward (compiled): the first this many columns of Q (a multiple of 64; values
       above the head dim take all of it) are the A operand of S = Q K^T from registers, loaded
       once per tile, instead of from shared memory. With both operands in SMEM an m64 n64 k16
@@ -226,6 +239,7 @@ class Config:
   consumers: int = 2
   exp2_poly_cols: int = 0
   sum_in_pv: bool = False
+  lazy_rescale: float = 0.0
   q_regs_cols: int = 0
   bwd_dq_regs: bool = False
   bwd_dq_serial: bool = False
@@ -253,6 +267,11 @@ class Config:
                        f"{self.bwd_dkdv_regs!r}")
     if self.bwd_registers not in (224, 232, 240):
       raise ValueError(f"Config.bwd_registers must be 224, 232 or 240, got {self.bwd_registers!r}")
+    if not 0.0 <= self.lazy_rescale <= 100.0:
+      raise ValueError("Config.lazy_rescale must be in [0, 100] (log2 units; 0 = off), got "
+                       f"{self.lazy_rescale!r}")
+    if self.lazy_rescale and (self.overlap or self.sum_in_pv):
+      raise ValueError("Config.lazy_rescale is not served with overlap or sum_in_pv")
     if self.bwd_dq_lag and self.bwd_dq_writer:
       raise ValueError("Config.bwd_dq_lag and Config.bwd_dq_writer are two forms of the fused dQ;"
                        " choose one")

@@ -113,6 +113,7 @@ class Statics:
   kv_regs: str = ""             # dK/dV kernel (compiled): "k", "v" or "kv" as register A operands
   v_stages: int = 0             # dQ kernel: V ring depth where it differs from K's (0: the same)
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
+  lazy_rescale: float = 0.0     # forward: keep stale row maxima until one grows by more (FA4)
 
   @property
   def v_ring(self) -> int:
@@ -384,14 +385,24 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
           # tensor cores multiply instead of lengthening the softmax before the turn.
           p, alpha, m_new = _exp_block(s, m_prev, c, poly_cols=poly)
           p16, l_new = p.astype(q_smem.dtype), None
+        elif st.lazy_rescale:
+          p, alpha, m_new, rescale = _exp_block_lazy(s, m_prev, c, st.lazy_rescale,
+                                                     poly_cols=poly)
+          p16, l_new = p.astype(q_smem.dtype), l_prev * alpha + p.sum(axis=1)
         else:
           p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c, poly_cols=poly)
         row_sum = lambda: l_prev * alpha + p.sum(axis=1)
         alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
+        if st.lazy_rescale and st.registers_pv:
+          # alpha is exactly 1 on every row unless ``rescale``: skip O's multiply then (a
+          # warpgroup-uniform branch). Interpret mode multiplies by the ones (same values).
+          acc = lax.cond(rescale, lambda: acc * alpha_o, lambda: acc)
+          alpha_o = None
         if st.pin_softmax and st.registers_pv:
           # All of the softmax, the row sum and O's rescale before the turn is taken (the
           # compiler may otherwise sink them past the barrier into the other consumer's turn).
-          acc, p16, m_new, l_new = lax.optimization_barrier((acc * alpha_o, p16, m_new, l_new))
+          acc = acc if alpha_o is None else acc * alpha_o
+          acc, p16, m_new, l_new = lax.optimization_barrier((acc, p16, m_new, l_new))
           alpha_o = None
 
         # Softmax done: wait for V and for our tensor-core turn.
@@ -552,6 +563,28 @@ def _exp_block(s, m_prev, c: float | None = None, *, poly_cols: int = 0):
   m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
   p = fastexp.exp2_split(s - m_b if c is None else s * c - m_b, poly_cols)
   return p, alpha, m_new
+
+
+def _exp_block_lazy(s, m_prev, c: float | None, tau: float, *, poly_cols: int = 0):
+  """``_exp_block`` with FA4's conditional rescaling: (P, alpha, m_kept, rescale).
+
+  ``rescale`` (a warpgroup-wide scalar) is whether some row's max grew by more than ``tau``
+  over the max it runs with (a row that saw its first visible key grew by +inf). If so, every
+  row takes its new max (alpha = 2^(m_prev - m_new), as ``_exp_block``); if not, every row
+  keeps ``m_prev``: alpha = 2^0 = 1 exactly and P = 2^(c s - m_prev) <= 2^tau. Rows that
+  have seen no key keep m = -inf either way (P = 0, alpha = 0).
+  """
+  row_max = s.max(axis=1) if c is None else s.max(axis=1) * c
+  m_new = jnp.maximum(m_prev, row_max)
+  grown = jnp.where(m_new == -jnp.inf, 0.0,
+                    jnp.where(m_prev == -jnp.inf, jnp.inf, m_new - m_prev))
+  rescale = jnp.max(grown) > tau
+  m_kept = lax.cond(rescale, lambda: m_new, lambda: m_prev)   # no implicit scalar broadcast
+  m_use = jnp.where(m_kept == -jnp.inf, 0.0, m_kept)
+  alpha = jnp.exp2(m_prev - m_use)
+  m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
+  p = fastexp.exp2_split(s - m_b if c is None else s * c - m_b, poly_cols)
+  return p, alpha, m_kept, rescale
 
 
 def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int,

@@ -397,7 +397,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       pin_softmax=cfg.pin_softmax,
       named_free=cfg.named_free and not interpret and not cfg.overlap,
       consumers=cfg.consumers, poly_cols=min(cfg.exp2_poly_cols, cfg.block_kv),
-      sum_in_pv=cfg.sum_in_pv,
+      sum_in_pv=cfg.sum_in_pv, lazy_rescale=cfg.lazy_rescale,
       q_regs_cols=register_q_cols(cfg, hp=hp, interpret=interpret,
                                   masked=not spec.is_trivial or has_kv_len or q_seg is not None))
   has_meta = st.any_mask and not computed
