@@ -69,13 +69,32 @@ HBM_TBPS = 4.4
 
 
 class _Plgpu:
-  """``plgpu`` with ``wgmma`` replaced; everything else passes through."""
+  """``plgpu`` with ``wgmma`` (and optionally ``copy_gmem_to_smem``) replaced; everything else
+  passes through."""
 
-  def __init__(self, wgmma):
+  def __init__(self, wgmma, copy=None):
     self.wgmma = wgmma
+    if copy is not None:
+      self.copy_gmem_to_smem = copy
 
   def __getattr__(self, name):
     return getattr(plgpu, name)
+
+
+def _copies_without(*kinds):
+  """``copy_gmem_to_smem`` that drops the decode kernel's copies of the given kinds ("x": x's
+  planes, a floating [.., span2] box; "sz": scale / zero rows, a floating [.., 64] box), each
+  replaced by a plain arrival on its barrier so that the slot's arrival count still holds.
+  The int16 code boxes always go. Session 16: which per-step copy costs the ~10% between a
+  bare TMA ring (4.3-4.4 TB/s, stream_probe.py) and this kernel's memory pipeline (3.87)?"""
+  def copy(src, dst, barrier=None, **kw):
+    dtype, last = dst.dtype, dst.shape[-1]
+    kind = None if dtype == jnp.int16 else ("sz" if last == 64 else "x")
+    if kind in kinds and barrier is not None:
+      plgpu.barrier_arrive(barrier)
+      return None
+    return plgpu.copy_gmem_to_smem(src, dst, barrier, **kw)
+  return copy
 
 
 def _skip_odd_planes():
@@ -100,6 +119,10 @@ PATCHES = {
     "nodq": dict(_codes=lambda codes, p, st: lax.bitcast_convert_type(codes, st.dtype)),
     "half_mma": dict(plgpu=_skip_odd_planes),
     "no_mma": dict(plgpu=lambda: _Plgpu(lambda *a, **k: None)),
+    "no_mma_nox": dict(plgpu=lambda: _Plgpu(lambda *a, **k: None, _copies_without("x"))),
+    "no_mma_nosz": dict(plgpu=lambda: _Plgpu(lambda *a, **k: None, _copies_without("sz"))),
+    "no_mma_codes": dict(plgpu=lambda: _Plgpu(lambda *a, **k: None,
+                                              _copies_without("x", "sz"))),
     "two_ops": dict(_and_or=_two_ops),
 }
 VARIANTS = (  # name, patch, config overrides
@@ -130,6 +153,10 @@ VARIANTS = (  # name, patch, config overrides
     ("bk256", "base", dict(layout_block_k=256, num_stages=4)),
     ("bk256_s6", "base", dict(layout_block_k=256, num_stages=6)),
     ("bk256_n128", "base", dict(layout_block_k=256, num_stages=4, block_n=128)),
+    # Session 16: the memory pipeline without x's copies, without the scale / zero copies, and
+    # with the code boxes alone (the bare-ring comparison of stream_probe.py's extras).
+    ("no_mma_nox", "no_mma_nox", {}), ("no_mma_nosz", "no_mma_nosz", {}),
+    ("no_mma_codes", "no_mma_codes", {}),
 )
 
 
