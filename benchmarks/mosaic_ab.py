@@ -45,11 +45,23 @@ ROWS = [(16, 1024, 16, 128), (4, 4096, 16, 128), (1, 16384, 16, 128), (4, 4096, 
 TOL = 2e-2      # max |out - ref| / max |ref| (as benchmarks/attention.py)
 
 
+def _value(val: str):
+  """'True'/'False' -> bool, '8' -> int, '8.0' -> float, anything else stays a string."""
+  if val in ("True", "False"):
+    return val == "True"
+  for kind in (int, float):
+    try:
+      return kind(val)
+    except ValueError:
+      pass
+  return val
+
+
 def parse_fields(text: str) -> dict:
   out = {}
   for item in filter(None, text.split(",")):
     key, val = item.split("=")
-    out[key] = {"True": True, "False": False}.get(val, int(val) if val.isdigit() else val)
+    out[key] = _value(val)
   return out
 
 

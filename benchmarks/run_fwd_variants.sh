@@ -11,6 +11,7 @@
 #          probed with mbarrier turns (interpret mode's form). ~16 configs, ~5-6 minutes.
 #   lazy   session 16: Config.lazy_rescale (FA4's conditional rescaling) at H = 256 and on the
 #          two unmasked H = 128 rows nearest cuDNN.
+#   vring  session 17: Config.v_stages (a deeper K ring than V's) at H = 256 and H = 128.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 set_name="${1:-tiles}"
 limit="${2:-45}"
@@ -73,8 +74,23 @@ elif [ "$set_name" = lazy ]; then
       one --shape $shape --fields "$f"
     done
   done
+elif [ "$set_name" = vring ]; then
+  # Session 17: K and V rings of different depths (Config.v_stages) at H = 256 (3 K + 2 V
+  # slots fit next to Q, 2 + 2 before), the causal row's lazy_rescale (1.03 -> 1.06x in
+  # session 17's first run) and 1x16384 / 4x4096 H = 128 full (3 + 2 of 128 keys); ~4 minutes.
+  for f in "" "num_stages=3,v_stages=2" "num_stages=2,v_stages=1"; do
+    one --shape 4x4096x8x256 --fields "$f"
+  done
+  for f in "" lazy_rescale=8.0 "num_stages=3,v_stages=2"; do
+    one --shape 4x4096x8x256 --causal --fields "$f"
+  done
+  for shape in 1x16384x16x128 4x4096x16x128; do
+    for f in "" "num_stages=3,v_stages=2"; do
+      one --shape $shape --fields "$f"
+    done
+  done
 else
-  echo "unknown set $set_name (s11, tiles or lazy)"; exit 2
+  echo "unknown set $set_name (s11, tiles, lazy or vring)"; exit 2
 fi
 cat "$out/fwd.jsonl" 2>/dev/null | python3 -c "
 import json,sys

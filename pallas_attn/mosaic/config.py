@@ -19,6 +19,11 @@ class Config:
       80 at head dim 256, 176 at 128) put the V ring and P on 64- or 32-byte rows
       (``kernels.pv_swizzle``), since P V's K steps come in groups one swizzle row wide.
     num_stages: depth of the K/V shared-memory ring the producer warpgroup fills with TMA.
+    v_stages: forward: depth of the V ring where it differs from the K ring's ``num_stages`` (0:
+      the same). K is read first in a step (S = Q K^T) and V only after the softmax, so a
+      deeper K ring fetches K further ahead for the same shared memory: at H = 256 three
+      64-key K slots and two V slots (224 KB of tiles with Q) instead of two of each. Not
+      served with ``overlap`` (its loop keeps one slot index for both rings).
     bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
       step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
       dK/dV consumer holds two fp32 [block_kv, H] accumulators.
@@ -214,6 +219,7 @@ class Config:
   block_q: int = 64
   block_kv: int = 128
   num_stages: int = 2
+  v_stages: int = 0
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
   bwd_num_stages: int = 2
@@ -272,6 +278,11 @@ class Config:
                        f"{self.lazy_rescale!r}")
     if self.lazy_rescale and (self.overlap or self.sum_in_pv):
       raise ValueError("Config.lazy_rescale is not served with overlap or sum_in_pv")
+    if self.v_stages and not 1 <= self.v_stages <= 4:
+      raise ValueError(f"Config.v_stages must be 0 (same as num_stages) or in [1, 4], got "
+                       f"{self.v_stages!r}")
+    if self.v_stages and self.overlap:
+      raise ValueError("Config.v_stages is not served with overlap (one slot index for K and V)")
     if self.bwd_dq_lag and self.bwd_dq_writer:
       raise ValueError("Config.bwd_dq_lag and Config.bwd_dq_writer are two forms of the fused dQ;"
                        " choose one")

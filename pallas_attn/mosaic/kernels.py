@@ -99,13 +99,15 @@ class Statics:
                                 # A operand from registers (loaded once per tile), not SMEM
   qdo_regs: bool = False        # dQ kernel (compiled): Q and dO as register A operands of S, dP
   kv_regs: str = ""             # dK/dV kernel (compiled): "k", "v" or "kv" as register A operands
-  v_stages: int = 0             # dQ kernel: V ring depth where it differs from K's (0: the same)
+  v_stages: int = 0             # V ring depth where it differs from K's (0: the same): the dQ
+                                # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
   lazy_rescale: float = 0.0     # forward: keep stale row maxima until one grows by more (FA4)
 
   @property
   def v_ring(self) -> int:
-    """Slots of the V ring (the dQ kernel may run a shallower V ring than its K ring)."""
+    """Slots of the V ring (the dQ kernel and the forward may run a V ring of another depth
+    than the K ring's ``num_stages``)."""
     return self.v_stages or self.num_stages
 
   @property
@@ -170,7 +172,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
   (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, turns, tile_ready,
    tile_free) = bars
   wg = lax.axis_index("wg")
-  bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
+  bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   nc = st.consumers                    # consumer warpgroups; warpgroup nc is the producer
   n_tiles = q_ref.shape[1] // (nc * bq)
   num_heads = q_ref.shape[2]
@@ -281,7 +283,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     first_turn_wait = last_turn_signal = schedule_barrier
   early_k_wait = st.early_k_wait and not st.overlap
 
-  (release_k, release_v), (wait_k_free, wait_v_free) = slot_releases((k_free, v_free), st)
+  (release_k, release_v), (wait_k_free, wait_v_free) = slot_releases(
+      (k_free, v_free), st, stages=(stages, v_ring))
 
   consumer_regs, producer_regs = FWD_REGISTERS[nc]
 
@@ -311,7 +314,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         plgpu.barrier_wait(q_ready.at[nc + wg])
         q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_wait(q_ready.at[wg])
+      # Ring positions count every K/V block this CTA consumed; K and V may differ in depth.
       slot_of = lambda j: lax.rem(base + j - lo, stages)
+      v_slot_of = lambda j: lax.rem(base + j - lo, v_ring)
       q_parts = q_operands(q_smem, st.q_regs_cols)
 
       row = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -344,7 +349,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
       def step(j, carry, masked: bool):
         acc, m_prev, l_prev = carry
-        slot = slot_of(j)
+        slot, v_slot = slot_of(j), v_slot_of(j)
         if not early_k_wait:
           plgpu.barrier_wait(k_ready.at[slot])
 
@@ -394,11 +399,11 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
           alpha_o = None
 
         # Softmax done: wait for V and for our tensor-core turn.
-        turn_begin(lambda: plgpu.barrier_wait(v_ready.at[slot]))
+        turn_begin(lambda: plgpu.barrier_wait(v_ready.at[v_slot]))
         if st.registers_pv:
           def pv(refs):
             acc_ref, l_ref = refs if st.sum_in_pv else (refs, None)
-            plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+            plgpu.wgmma(acc_ref, p16, v_smem.at[v_slot])
             if st.sum_in_pv:
               l_ref[...] = row_sum()
             # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is
@@ -415,12 +420,12 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
           plgpu.commit_smem()                     # make the register stores visible to wgmma
 
           def pv(acc_ref):
-            plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+            plgpu.wgmma(acc_ref, p_smem, v_smem.at[v_slot])
             return acc_ref[...]
           acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
           l_new = row_sum() if st.sum_in_pv else l_new
           wait_next_k()
-        release_v(slot)
+        release_v(v_slot)
         return acc, m_new, l_new
 
       if st.overlap:
@@ -487,14 +492,25 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     def fetcher(flat):
       batch, head, tile = coords(flat)
       lo, _, _, hi, _ = ranges(batch, tile)
-      fetch = kv_fetcher((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
-                         (k_ready, v_ready, seg_ready), batch=batch,
-                         kv_head=lax.div(head, jnp.int32(st.groups)), first=lo, st=st)
+      gmem, smem_refs, ready = ((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
+                                (k_ready, v_ready, seg_ready))
+      kv_head = lax.div(head, jnp.int32(st.groups))
+      if v_ring == stages:
+        fetch = kv_fetcher(gmem, smem_refs, ready, batch=batch, kv_head=kv_head, first=lo, st=st)
+      else:
+        fetch = split_kv_fetchers(gmem, smem_refs, ready, batch=batch, kv_head=kv_head,
+                                  first=lo, st=st)
       return fetch, hi - lo
 
     if not st.persistent:
       fetch, num_steps = fetcher(0)
-      produce(num_steps, stages, fetch, (wait_k_free, wait_v_free))
+      if v_ring == stages:
+        produce(num_steps, stages, fetch, (wait_k_free, wait_v_free))
+      else:
+        # K and V rings of different depths (``Config.v_stages``), fed in step order: K_j goes
+        # out once step j - stages released K, V_j once step j - v_ring released V.
+        fetch_k, fetch_v = fetch
+        produce_rings(num_steps, ((stages, fetch_k, wait_k_free), (v_ring, fetch_v, wait_v_free)))
       return
 
     def tile_body(i, flat, base):
@@ -506,23 +522,30 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
       @pl.loop(0, num_steps)
       def _(j):
-        slot = lax.rem(base + j, stages)
-
-        @pl.when(base + j >= stages)
-        def _():                                  # the slot's previous block was released
-          wait_k_free(slot)
-          wait_v_free(slot)
-        fetch(j, slot)
+        slot, v_slot = lax.rem(base + j, stages), lax.rem(base + j, v_ring)
+        if v_ring == stages:
+          @pl.when(base + j >= stages)
+          def _():                                # the slot's previous block was released
+            wait_k_free(slot)
+            wait_v_free(slot)
+          fetch(j, slot)
+        else:
+          fetch_k, fetch_v = fetch
+          pl.when(base + j >= stages)(lambda: wait_k_free(slot))
+          fetch_k(j, slot)
+          pl.when(base + j >= v_ring)(lambda: wait_v_free(v_slot))
+          fetch_v(j, v_slot)
       return base + num_steps, nxt
 
     total, num_run = tile_loop(tile_body)
     if st.dynamic:
       schedule.drain(num_run, free=tile_free)
 
-    @pl.loop(jnp.maximum(total - stages, 0), total)
-    def _drain(g):                                # observe the last releases (see ``produce``)
-      wait_k_free(lax.rem(g, stages))
-      wait_v_free(lax.rem(g, stages))
+    # Observe the last releases (see ``produce``).
+    for depth, wait in ((stages, wait_k_free), (v_ring, wait_v_free)):
+      @pl.loop(jnp.maximum(total - depth, 0), total)
+      def _drain(g):
+        wait(lax.rem(g, depth))
 
 
 def _softmax(s, m_prev, l_prev, dtype, c: float | None = None, *, poly_cols: int = 0):
@@ -601,7 +624,7 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
        plgpu.SMEM((nc, 2, bq, O_CHUNK), dtype, transforms=tiled) if st.o_chunked else
        plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled)),
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
-      plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=pv_tiled),        # V ring
+      plgpu.SMEM((st.v_ring, bkv, head_dim), dtype, transforms=pv_tiled),     # V ring
       plgpu.SMEM((nc, bq), jnp.float32),                                      # lse
       plgpu.SMEM((META_LEN,), jnp.int32) if has_meta else None,
       plgpu.SMEM((nc, bq), jnp.int32) if st.has_segments else None,           # q segment ids
@@ -611,12 +634,12 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   )
   bars = (
       plgpu.Barrier(num_barriers=stages),                                 # k_ready
-      plgpu.Barrier(num_barriers=stages),                                 # v_ready
+      plgpu.Barrier(num_barriers=st.v_ring),                              # v_ready
       plgpu.Barrier(num_barriers=stages),                                 # seg_ready
       plgpu.Barrier(num_barriers=2 * nc),                                 # q_ready (+ q seg)
       plgpu.Barrier(num_barriers=1),                                      # meta_ready
       plgpu.Barrier(num_arrivals=nc, num_barriers=stages),                # k_free
-      plgpu.Barrier(num_arrivals=nc, num_barriers=stages),                # v_free
+      plgpu.Barrier(num_arrivals=nc, num_barriers=st.v_ring),             # v_free
       plgpu.Barrier(num_arrivals=nc),                                     # turns
       *queue[1:],                                                         # tile ready / free
   )
@@ -626,7 +649,7 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
 def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
   """Shared memory of one CTA (the H100/H200 limit is 227 KB)."""
   rows = st.consumers * st.block_q
-  tiles = rows * head_dim + 2 * st.num_stages * st.block_kv * head_dim
+  tiles = rows * head_dim + (st.num_stages + st.v_ring) * st.block_kv * head_dim
   if st.persistent:                                              # O beside Q
     tiles += st.consumers * 2 * st.block_q * O_CHUNK if st.o_chunked else rows * head_dim
   if not st.registers_pv:

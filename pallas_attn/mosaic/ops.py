@@ -391,6 +391,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       scale=scale, softcap=softcap, spec=spec, has_kv_len=has_kv_len,
       has_segments=q_seg is not None, groups=n // kh, block_q=cfg.block_q,
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
+      v_stages=0 if cfg.v_stages == cfg.num_stages else cfg.v_stages,
       registers_pv=not interpret, overlap=cfg.overlap and not interpret and cfg.consumers == 2,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
@@ -431,7 +432,16 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       pst = dataclasses.replace(pst, o_chunked=True)
     if not counter_missing and fits(pst):
       st = pst
+  # The row max / sum reduce within a warp (the WGMMA layout's rows live in one quad), so the
+  # 2 KB Pallas reserves for cross-warp reductions are free to give back where they are needed:
+  # FA3's 80-key ring at head dim 256 is 128 bytes over without them, as are the persistent
+  # launch at 256 with its O slots and 3 K + 2 V slots (``Config.v_stages``). The other kernels
+  # keep the default so that they stay as measured; so does ``lazy_rescale``, whose
+  # warpgroup-wide max crosses warps.
+  needs_room = bool(cfg.block_kv % 64 or st.o_chunked or st.v_stages)
+  give_back = needs_room and not st.lazy_rescale
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
+  smem += 2048 if needs_room and not give_back else 0
   if smem > SMEM_LIMIT_BYTES:
     raise NotImplementedError(f"mosaic config needs ~{smem // 1024} KB of shared memory at head "
                               f"dim {hp} (limit {SMEM_LIMIT_BYTES // 1024} KB)")
@@ -472,13 +482,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(
           approx_math=True, unsafe_no_auto_barriers=cfg.no_auto_barriers and not interpret,
-          # The row max / sum reduce within a warp (the WGMMA layout's rows live in one quad),
-          # so the 2 KB Pallas reserves for cross-warp reductions are free to give back where
-          # they are needed: FA3's 80-key ring at head dim 256 is 128 bytes over without them,
-          # as is the persistent launch at 256 with its O slots. The other kernels keep the
-          # default so that they stay as measured.
-          **({} if cfg.block_kv % 64 == 0 and not st.o_chunked
-             else dict(reduction_scratch_bytes=0))),
+          **(dict(reduction_scratch_bytes=0) if give_back else {})),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
       kernel_name="flash_attention_fwd",
   )(*inputs)

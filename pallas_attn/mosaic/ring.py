@@ -120,21 +120,22 @@ def slot_releases(free_barriers, st: Statics, stages: tuple[int, ...] | None = N
 
 def split_kv_fetchers(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
   """``(fetch_k, fetch_v)`` for ``produce_rings``: like ``kv_fetcher``, but K (with the segment
-  ids) into slot ``i % st.num_stages`` of its ring and V into slot ``i % st.v_ring`` of its own."""
+  ids) into slot ``i % st.num_stages`` of its ring and V into slot ``i % st.v_ring`` of its own
+  (or into the ``slot`` given: the persistent forward counts ring positions across tiles)."""
   (k_ref, v_ref, seg_ref), (k_smem, v_smem, seg_smem), (k_ready, v_ready, seg_ready) = (
       gmem, smem, ready)
 
   def keys(i):
     return pl.ds((first + i) * st.block_kv, st.block_kv)
 
-  def fetch_k(i):
-    slot = lax.rem(i, st.num_stages)
+  def fetch_k(i, slot=None):
+    slot = lax.rem(i, st.num_stages) if slot is None else slot
     plgpu.copy_gmem_to_smem(k_ref.at[batch, keys(i), kv_head], k_smem.at[slot], k_ready.at[slot])
     if st.has_segments:
       plgpu.copy_gmem_to_smem(seg_ref.at[batch, keys(i)], seg_smem.at[slot], seg_ready.at[slot])
 
-  def fetch_v(i):
-    slot = lax.rem(i, st.v_ring)
+  def fetch_v(i, slot=None):
+    slot = lax.rem(i, st.v_ring) if slot is None else slot
     plgpu.copy_gmem_to_smem(v_ref.at[batch, keys(i), kv_head], v_smem.at[slot], v_ready.at[slot])
   return fetch_k, fetch_v
 
