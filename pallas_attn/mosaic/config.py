@@ -180,7 +180,11 @@ class Config:
       step decides (a warpgroup-uniform branch). 8.0 is FA4's choice; values above ~100 would
       risk overflow of l and O in float32. Not with ``overlap`` (its own loop) nor
       ``sum_in_pv``. Written in session 16 for the H = 256 forward (0.93x cuDNN there, where
-      tokamax runs a rescale threshold too); not yet measured: off.
+      tokamax runs a rescale threshold too). H200 (session 17), forward, tau 8: causal
+      4x4096x8x256 0.4362 -> 0.4248 ms (1.03 -> 1.06x cuDNN; ``default_config`` turns it on
+      for masked calls at head dims over 128); full 4x4096x8x256 0.8016 -> 0.8062, and the
+      H = 128 full rows 5-6% slower. Its kernels keep Pallas's 2 KB cross-warp reduction
+      scratch (the max crosses warps).
     q_regs_cols: forward (compiled): the first this many columns of Q (a multiple of 64; values
       above the head dim take all of it) are the A operand of S = Q K^T from registers, loaded
       once per tile, instead of from shared memory. With both operands in SMEM an m64 n64 k16
@@ -360,10 +364,15 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # causal dQ kernel 1.33 -> 1.83 ms with them) and at 240 registers: fwd+bwd 1.043x / 1.019x
   # cuDNN at 4x4096x8x256 full / causal, against 0.35x with the Triton FA2 backward (H200,
   # session 16; the serial order and 240 registers took the dQ kernel 1.563 -> 1.414 ms full).
+  # Masked calls at head dims over 128: FA4's conditional rescaling (lazy_rescale, tau = 8):
+  # causal 4x4096x8x256 forward 0.4362 -> 0.4248 ms (1.03 -> 1.06x cuDNN; twice, H200, session
+  # 17). Unmasked it measured +0.6% at H = 256 and +5-6% at H = 128 (its per-step cross-warp
+  # max costs more than the multiply it skips), so those rows keep rescaling every step.
   wide = hp > 128
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=240 if wide else 232,
                 persistent=persistent_ok and (not masked or short),
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
-                q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide)
+                q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
+                lazy_rescale=8.0 if wide and masked else 0.0)

@@ -78,6 +78,16 @@ def test_default_config_keeps_the_grid_off_head_dim_128(h, masked):
   assert not cfg.persistent and not cfg.dynamic_schedule
 
 
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("masked", [False, True])
+def test_default_config_lazy_rescale_only_masked_wide(h, masked):
+  """H200 session 17: lazy rescaling (tau 8) made the causal H = 256 forward 1.03 -> 1.06x
+  cuDNN; unmasked it was slower (H = 256 +0.6%, H = 128 +5-6%), so it is on for masked calls
+  at head dims over 128 only."""
+  cfg = default_config(head_dim=h, seq_k=4096, masked=masked)
+  assert cfg.lazy_rescale == (8.0 if masked and h > 128 else 0.0)
+
+
 @pytest.mark.parametrize("seq_k", [1024, 2048, 4096, 8192])
 def test_default_config_masked_head_dim_64(seq_k):
   """H200 session 12: causal 4x4096x32x64 with 128-key blocks and the dynamic tile counter ran
