@@ -398,27 +398,15 @@ def test_backward_tiles_differ_between_dq_and_dkdv_in_interpret_mode(kw):
   """dQ with 128-key steps next to 64-key dK/dV consumers and 3-deep rings: S (here 200) is
   padded to a multiple of both, and the gradients still match the float32 reference."""
   cfg = Config(block_kv=64, bwd_dq_block_kv=128, bwd_num_stages=3, backward="mosaic")
-  _assert_grads_match_reference(cfg, b=1, t=150, s=200, n=2, kh=1, h=64, seed=5, **kw)
+  _assert_grads_match_reference(cfg, kw, b=1, t=150, s=200, n=2, kh=1, h=64, seed=5)
 
 
-def _assert_grads_match_reference(cfg: Config, *, b, t, s, n, kh, h, seed, **extra):
+def _assert_grads_match_reference(cfg: Config, kw: dict, *, b, t, s, n, kh, h, seed):
   """out, dq, dk, dv of the Mosaic backend (interpret mode) within 2e-2 of max |ref| of the
-  float32 reference, for bf16 random-normal inputs and cotangent."""
-  from pallas_attn import reference
-  keys = jax.random.split(jax.random.key(seed), 4)
-  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
-  k = jax.random.normal(keys[1], (b, s, kh, h), jnp.bfloat16)
-  v = jax.random.normal(keys[2], (b, s, kh, h), jnp.bfloat16)
-  do = jax.random.normal(keys[3], (b, t, n, h), jnp.bfloat16)
-
-  def grads(fn, *xs):
-    out, vjp = jax.vjp(fn, *xs)
-    return (out, *vjp(do.astype(out.dtype)))
-  got = grads(lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
-                                              interpret=True, **extra), q, k, v)
-  want = grads(lambda q, k, v: reference.attention(q, k, v, precision=jax.lax.Precision.HIGHEST,
-                                                   **extra),
-               *(x.astype(jnp.float32) for x in (q, k, v)))
+  float32 reference, for bf16 random-normal inputs and cotangent and the masks named in ``kw``
+  (``harness.grads_against_reference``: segment / kv_lengths flags become 3 equal segments and
+  a second batch row of 77 keys)."""
+  got, want = H.grads_against_reference(cfg, kw, b=b, t=t, s=s, n=n, kh=kh, h=h, seed=seed)
   for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):
     err = float(jnp.max(jnp.abs(x.astype(jnp.float32) - r)) / jnp.max(jnp.abs(r)))
     assert err < 2e-2, (name, err)
@@ -440,16 +428,9 @@ def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, form, monk
   def no_dq_kernel(*a, **k):
     raise AssertionError("the dQ kernel ran although bwd_fused_dq was served")
   monkeypatch.setattr(backward, "dq_kernel", no_dq_kernel)
-  b, t, s = 2, 150, 200
-  extra = {x: kw[x] for x in ("causal", "window", "softcap") if x in kw}
-  if kw.get("segments"):
-    extra["q_segment_ids"] = (jnp.arange(t)[None] * 3 // t).repeat(b, 0)
-    extra["kv_segment_ids"] = (jnp.arange(s)[None] * 3 // s).repeat(b, 0)
-  if kw.get("kv_lengths"):
-    extra["kv_lengths"] = jnp.array([s, 77], jnp.int32)
   cfg = Config(block_kv=64, bwd_fused_dq=form == "consumers", bwd_dq_writer=form == "dq_writer",
                bwd_dq_lag=form == "dq_lag", backward="mosaic")
-  _assert_grads_match_reference(cfg, b=b, t=t, s=s, n=4, kh=2, h=h, seed=7, **extra)
+  _assert_grads_match_reference(cfg, kw, b=2, t=150, s=200, n=4, kh=2, h=h, seed=7)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "fused_dq"])
