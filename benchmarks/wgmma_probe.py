@@ -10,7 +10,9 @@ below peak (a per-instruction floor), the tensor cores rather than the dequant o
 be what the kernel's last ~6 us are made of. This probe measures it with no memory traffic at
 all: each CTA repeats ``steps`` times the kernel's step shape (4 planes, ``m64 nN k128`` each,
 A from registers or from SMEM, one wait per step, the partials summed as the kernel scales
-them) and reports TFLOP/s on the padded N, for N = 8 ... 256 and 132 / 264 CTAs.
+them) and reports TFLOP/s on the padded N, for N = 8 ... 256 and 132 / 264 CTAs; and the same
+work at N = 8 in Ampere's warp-level ``mma.sync m16n8k16`` (inline PTX, constant operands),
+the instruction Marlin's decode kernels use.
 
   PYTHONPATH=$PWD python3 benchmarks/wgmma_probe.py --out $OUT [--steps 4096]
 
@@ -27,10 +29,15 @@ import os
 import sys
 import time
 
+import numpy as np
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import llvm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402  pylint: disable=wrong-import-position
@@ -88,9 +95,65 @@ def wgmma_loop(x, w, *, n: int, ctas: int, steps: int, a_in_registers: bool,
       kernel_name=f"wgmma_probe_n{n}")(x, w)
 
 
+_BF16_ONE, _BF16_HALF = 0x3F80, 0x3F00      # bf16 bit patterns of 1.0 and 0.5
+
+
+def _mma_sync_step(acc):
+  """Per warp, 4 planes x 8 ``mma.sync.m16n8k16`` (bf16 in, float32 accumulate) into the
+  planes' accumulators, on constant operands A = 1.0 and B = 0.5: the decode step's tensor-core
+  work at N = 8 in Ampere's warp-level instruction (Marlin's). The WGMMA layout of a float32
+  [64, 8] tile is mma.sync's accumulator fragment per warp (rows g and g + 8 of the warp's 16,
+  columns 2t, 2t + 1), so ``acc`` [4, 64, 8] (one tile per plane) holds each plane's D."""
+  asm = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
+         "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+  constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,) * PLANES,
+                     return_type=tuple(plgpu.ShapeDtypeStruct((ROWS, 8), jnp.float32,
+                                                              layout=plgpu.Layout.WGMMA)
+                                       for _ in range(PLANES)))
+  def step(_, *tiles):
+    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
+    quad = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+    a = mgpu.utils.c(_BF16_ONE * 0x10001, i32)
+    b = mgpu.utils.c(_BF16_HALF * 0x10001, i32)
+    pos = [mgpu.utils.c(i, i32) for i in range(2)]
+    outs = []
+    for tile in tiles:
+      idxs = list(np.ndindex(tile.registers.shape))   # 2 x vector<2xf32>: rows g and g + 8
+      d = [llvm.extractelement(tile.registers[i], p) for i in idxs for p in pos]
+      for _ in range(SPAN // 16):                    # a plane: k128 = 8 chained k16 steps
+        res = llvm.inline_asm(quad, [a, a, a, a, b, b, *d], asm, constraints,
+                              has_side_effects=True)
+        d = [llvm.extractvalue(f32, res, [i]) for i in range(4)]
+      new = tile.registers.copy()
+      for j, i in enumerate(idxs):
+        vec = llvm.insertelement(tile.registers[i], d[2 * j], pos[0])
+        new[i] = llvm.insertelement(vec, d[2 * j + 1], pos[1])
+      outs.append(mgpu.FragmentedArray(_registers=new, _layout=tile.layout, _is_signed=None))
+    return tuple(outs)
+
+  return step(*acc)
+
+
+def mma_sync_loop(*, ctas: int, steps: int):
+  """Each CTA (one warpgroup): ``steps`` x ``_mma_sync_step``, then the four planes' float32
+  tiles summed; every output element is ``steps * 4 * 8 * 16 * 1.0 * 0.5 = 256 steps``."""
+
+  def body(o_ref):
+    cta = jax.lax.axis_index("c")
+    zero = plgpu.layout_cast(jnp.zeros((ROWS, 8), jnp.float32), plgpu.Layout.WGMMA)
+    accs = jax.lax.fori_loop(0, steps, lambda _, a: _mma_sync_step(a), (zero,) * PLANES)
+    o_ref[pl.ds(cta * ROWS, ROWS)] = sum(accs[1:], accs[0])
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((ctas * ROWS, 8), jnp.float32),
+                      grid=(ctas,), grid_names=("c",), kernel_name="mma_sync_probe")()
+
+
 def variants(steps: int):
-  """(name, fn, n, ctas, steps) for every probe configuration."""
+  """(name, fn(x, w), n, ctas, expected output value) for every probe configuration."""
   out = []
+  wgmma_value = steps * PLANES * 0.5               # w = 1/128, x = 0.5: 0.5 per plane
   for n in (8, 16, 32, 64, 128, 256):
     for ctas in (132, 264):
       for regs in (True, False):
@@ -98,7 +161,11 @@ def variants(steps: int):
           continue
         name = f"n{n}_c{ctas}_{'reg' if regs else 'smem'}"
         out.append((name, functools.partial(wgmma_loop, n=n, ctas=ctas, steps=steps,
-                                            a_in_registers=regs), n, ctas))
+                                            a_in_registers=regs), n, ctas, wgmma_value))
+  for ctas in (132, 264):
+    out.append((f"mmasync_n8_c{ctas}",
+                lambda x, w, ctas=ctas: mma_sync_loop(ctas=ctas, steps=steps), 8, ctas,
+                steps * PLANES * SPAN * 0.5))
   return out
 
 
@@ -111,7 +178,7 @@ def main():
   args = ap.parse_args()
   start, rows = time.time(), []
   w = jnp.full((ROWS, SPAN), 1.0 / SPAN, jnp.bfloat16)
-  for name, fn, n, ctas in variants(args.steps):
+  for name, fn, n, ctas, value in variants(args.steps):
     if args.only and not any(name.startswith(p) for p in args.only.split(",")):
       continue
     if time.time() - start > args.budget_s:
@@ -121,8 +188,7 @@ def main():
     try:
       f = jax.jit(fn)
       got = jax.block_until_ready(f(x, w))
-      # Every output element: steps * planes * sum_k w x = steps * 4 * 128 * (1/128) * 0.5.
-      ok = bool(jnp.allclose(got, args.steps * PLANES * 0.5, rtol=1e-3))
+      ok = bool(jnp.allclose(got, value, rtol=1e-3))
       t = timing.measure(f, (x, w), iterations=10)
       flops = step_flops(n) * args.steps * ctas
       k16 = ctas * args.steps * PLANES * SPAN // 16          # k16 wgmma instructions
@@ -136,11 +202,11 @@ def main():
     print(row, flush=True)
   # What the M = 1 decode call (8192 x 28672, N padded to 8) would spend on its wgmmas at the
   # measured N = 8 rate, register A, two CTAs per SM (the kernel's form).
-  best = [r for r in rows if r.get("name") == "n8_c264_reg" and "ms" in r]
-  if best:
-    decode_flops = 2 * 8192 * 28672 * 8
-    print(f"M=1 8192x28672 wgmma time at the N=8 rate: "
-          f"{decode_flops / best[0]['tflops'] / 1e6:.1f} us", flush=True)
+  decode_flops = 2 * 8192 * 28672 * 8
+  for r in rows:
+    if r.get("name") in ("n8_c264_reg", "mmasync_n8_c264") and "ms" in r:
+      print(f"M=1 8192x28672 tensor-core time at the {r['name']} rate: "
+            f"{decode_flops / r['tflops'] / 1e6:.1f} us", flush=True)
   timing.write_json(os.path.join(args.out, "wgmma_probe.json"),
                     dict(meta=timing.metadata(), steps=args.steps, rows=rows))
 

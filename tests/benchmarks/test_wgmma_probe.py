@@ -42,3 +42,15 @@ def test_variants_cover_the_decode_shape():
   names = [v[0] for v in W.variants(16)]
   assert "n8_c264_reg" in names and "n256_c132_reg" in names
   assert W.step_flops(8) == 2 * 64 * 8 * 128 * 4
+
+
+def test_mma_sync_form_lowers_with_its_instructions():
+  """The mma.sync form (inline PTX: the Mosaic GPU interpreter cannot run it) lowers for sm90
+  with 32 mma.sync per step (4 planes x 8 k16 steps) and the variants list carries it."""
+  import mosaic_mlir  # noqa: E402  pylint: disable=import-outside-toplevel
+  low = jax.jit(lambda: W.mma_sync_loop(ctas=132, steps=16)).trace().lower(
+      lowering_platforms=("cuda",))
+  text = mosaic_mlir.kernel_texts(low)[0]
+  assert text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 32
+  names = {v[0]: v for v in W.variants(16)}
+  assert names["mmasync_n8_c264"][4] == 16 * 4 * 128 * 0.5
