@@ -534,6 +534,16 @@ def check_case(case: Case, implementation: str, **extra) -> dict:
   return res
 
 
+def check_mosaic_default_with(case: Case, **fields) -> dict:
+  """``check_case`` on the Mosaic backend with the case's ``default_config`` (masked when the
+  case is causal or windowed) changed by ``fields``: the compiled tests of one Config field."""
+  from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
+  masked = case.causal or case.window is not None
+  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
+                            **fields)
+  return check_case(case, "mosaic", config=cfg)
+
+
 def grads_against_reference(cfg, kw: dict, *, b: int, t: int, s: int, n: int, kh: int, h: int,
                             seed: int, segments: int = 3, kv_len: int = 77):
   """(out, dq, dk, dv) of the Mosaic backend in interpret mode and of the float32 reference for

@@ -7,7 +7,6 @@ calls ran the Triton FA2 backward; now ``default_config`` picks this form over 1
 mode against the float32 reference on CPU; the compiled form is lowered for sm90 here and runs
 on the GPU in the shared suite's grid.
 """
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -132,7 +131,4 @@ def test_split_backward_lowers_for_sm90(kw, monkeypatch):
 def test_split_backward_compiled(case):
   """Compiled on the GPU: the split form passes the ratio rule (TESTING.md) on out, lse and
   the gradients. Run this before turning ``bwd_split_dkdv`` on by default."""
-  masked = case.causal or case.window is not None
-  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
-                            bwd_split_dkdv=True)
-  H.check_case(case, "mosaic", config=cfg)
+  H.check_mosaic_default_with(case, bwd_split_dkdv=True)

@@ -161,9 +161,4 @@ def test_lazy_forward_lowers_for_sm90():
 ], ids=lambda c: c.id)
 def test_lazy_forward_compiled(case):
   """Compiled on the GPU: the ratio rule (TESTING.md) with lazy rescaling on."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-  from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
-  masked = case.causal or case.window is not None
-  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
-                            lazy_rescale=8.0)
-  H.check_case(case, "mosaic", config=cfg)
+  H.check_mosaic_default_with(case, lazy_rescale=8.0)

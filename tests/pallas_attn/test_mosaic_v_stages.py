@@ -101,11 +101,7 @@ def test_split_rings_lower_for_sm90(cfg, h, causal):
 ], ids=lambda c: c.id)
 def test_split_rings_compiled(case):
   """Compiled on the GPU: the ratio rule (TESTING.md) with 3 K slots and 2 V slots."""
-  from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
-  masked = case.causal or case.window is not None
-  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
-                            num_stages=3, v_stages=2)
-  H.check_case(case, "mosaic", config=cfg)
+  H.check_mosaic_default_with(case, num_stages=3, v_stages=2)
 
 
 def test_lazy_rescale_keeps_its_reduction_scratch():
