@@ -157,6 +157,10 @@ VARIANTS = (  # name, patch, config overrides
     # with the code boxes alone (the bare-ring comparison of stream_probe.py's extras).
     ("no_mma_nox", "no_mma_nox", {}), ("no_mma_nosz", "no_mma_nosz", {}),
     ("no_mma_codes", "no_mma_codes", {}),
+    # Session 17: the planes times x by warp-level mma.sync m16n8k16 (M <= 8 only; a candidate,
+    # checked like base), on the default form of each shape and on the grid form.
+    ("mmasync", "base", dict(mma_sync=True)),
+    ("mmasync_grid", "base", dict(mma_sync=True, stream_ctas=0)),
 )
 
 

@@ -222,6 +222,12 @@ class MosaicConfig:
   correction cancels them, so float32 rounding of the partial grows by as much (still ~1e-5
   of the output for activations without a large common offset). Ignored with ``pipeline`` or
   ``fold_zero``.
+  ``mma_sync`` (with ``registers_a``, compiled only; written in session 17, not yet run on a
+  GPU: off): at M <= 8 (x padded to 8 rows) multiply each dequantized plane by x with warp-level
+  ``mma.sync.m16n8k16`` (N = 8 native: Marlin's instruction) instead of ``m64 n8 k16`` wgmmas,
+  x's planes stored in fragment order by XLA (``mma_sync.py``). For block_k 256 / 512; ignored
+  with ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows. Why: the probe
+  ``benchmarks/wgmma_probe.py`` times both instructions at N = 8 (benchmarks/NOTES.md).
   """
   block_n: int = 128
   block_k: int = 512
@@ -233,8 +239,12 @@ class MosaicConfig:
   direct_io: bool = False
   stream_ctas: int = 0
   late_zero: bool = False
+  mma_sync: bool = False
 
   def __post_init__(self):
+    if self.mma_sync and not self.registers_a:
+      raise ValueError("MosaicConfig.mma_sync multiplies the planes from registers: it needs "
+                       "registers_a=True")
     if self.block_n not in (64, 128, 256):
       raise ValueError(f"MosaicConfig.block_n must be 64, 128 or 256 (1, 2 or 4 warpgroups), "
                        f"got {self.block_n!r}")
@@ -265,6 +275,8 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   per_stage = (bn * span2 * 2 + MOSAIC_PLANES * mp * span2 * 2
                + MOSAIC_PLANES * bn * (4 + (2 if asym else 0)))
   planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
+  if cfg.mma_sync:                             # x rows padded by 32 elements (mma_sync.PAD)
+    per_stage += MOSAIC_PLANES * mp * 32 * 2
   return cfg.num_stages * per_stage + planes + bn * mp * 4 + 1024
 
 

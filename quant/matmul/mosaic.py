@@ -70,9 +70,9 @@ from jaxlib.mlir.dialects import arith, llvm
 from jaxtyping import Array, Float
 
 from quant import formats
-from quant.matmul import layout, mosaic_io
+from quant.matmul import layout, mma_sync, mosaic_io
 from quant.matmul.mosaic_io import (check_supported, kernel_inputs, on_hopper, scale_rows,
-                                    split_refs, weight_boxes, x_sums, xs_rows)
+                                    split_refs, weight_boxes, x_sums, xs_rows, zero_offset)
 from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_pad,
                                  MOSAIC_MAX_M, resolve_mosaic_config as resolve_config)
 
@@ -116,6 +116,7 @@ class Statics:
                               # float32 partial afterwards (``MosaicConfig.late_zero``)
   direct_out: bool = False    # y [M, N] in x's dtype stored by the kernel (split_k = 1, no
                               # bias): no XLA slice / transpose / cast after it
+  mma_sync: bool = False      # planes times x by warp-level mma.sync (m_pad 8; mma_sync.py)
 
   @property
   def span2(self) -> int:
@@ -186,18 +187,15 @@ def _paired_codes(codes, p: int, st: Statics):
   return dequant(codes)
 
 
-def zero_offset(z_ring, xs_ring, slot, wg, g: int, st: Statics):
-  """``(B + z_g) X_g`` as a float32 ``[64, m_pad]`` tile: what a wgmma over ``B + q`` adds on
-  top of ``(q - z) x`` for group ``g`` of a ring slot (``Statics.late_zero``), with
-  ``X_g[m] = sum_k x[m, k]`` over the group's rows of the step (``x_sums``). A rank-1 product
-  of a per-feature row and a per-activation column: ~m_pad / 2 FMAs a thread per group, where
-  the packed subtract it replaces is one bf16x2 op per two weights (block_k / 4 a thread)."""
-  xs = plgpu.load(xs_ring.at[slot, g], (), layout=plgpu.Layout.WGMMA.reduce(0))
-  xs = lax.broadcast_in_dim(xs, (BN, st.m_pad), [1])
-  if st.sym:
-    return jnp.float32(st.magic + st.zero) * xs
-  z = plgpu.load(z_ring.at[slot, wg, g], (), layout=plgpu.Layout.WGMMA.reduce(1))
-  return lax.broadcast_in_dim(z.astype(jnp.float32) + st.magic, (BN, st.m_pad), [0]) * xs
+def mma_sync_group(codes, zero, x_slot, g: int, st: Statics):
+  """Group ``g``'s float32 partial [64, m_pad] of a step by ``mma_sync.plane_product`` (x_slot:
+  the step's x planes in fragment order; ``zero`` None with ``late_zero``)."""
+  per_group = PLANES // st.groups_per_step
+  acc = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
+  for p in range(g * per_group, (g + 1) * per_group):
+    vals = _codes(codes, p, st) if zero is None else _codes(codes, p, st) - zero
+    acc = mma_sync.plane_product(vals, x_slot.at[p], acc)
+  return acc
 
 
 def _and_or(word, mask: int, magic: int):
@@ -347,11 +345,14 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     # Groups share one scope (one wgmma_wait(0)) while their accumulators stay small: a wait per
     # group would expose the wgmma latency once per group instead of once per scope.
     partials, scales = [], []
-    for g0 in range(0, gps, st.groups_per_scope):
+    for g0 in ([] if st.mma_sync else range(0, gps, st.groups_per_scope)):  # (wgmma form)
       groups = tuple(range(g0, min(gps, g0 + st.groups_per_scope)))
       accs = [plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in groups]
       zeros = [None if st.late_zero else zero_of(g) for g in groups]
       partials += pl.run_scoped(functools.partial(mma, groups=groups, zeros=zeros), *accs)
+    if st.mma_sync:                              # no wgmma: registers in, registers out
+      partials = [mma_sync_group(codes, None if st.late_zero else zero_of(g), x_ring.at[slot],
+                                 g, st) for g in range(gps)]
     if st.late_zero:
       partials = [part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
                   for g, part in enumerate(partials)]
@@ -491,9 +492,12 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
   o_tile = (plgpu.SMEM((wgs, st.m_pad, BN), st.dtype) if st.direct_out
             else plgpu.SMEM((wgs, BN, st.m_pad), jnp.float32))
   tiled = _tiled(span2)
+  x_ring = (plgpu.SMEM((stages, PLANES, st.m_pad, mma_sync.pitch(span2)), st.dtype)
+            if st.mma_sync else                                   # fragment order, padded rows
+            plgpu.SMEM((stages, PLANES, st.m_pad, span2), st.dtype, transforms=tiled))
   scratch = (
       plgpu.SMEM((stages, wgs, BN, span2), jnp.int16, transforms=tiled),          # codes
-      plgpu.SMEM((stages, PLANES, st.m_pad, span2), st.dtype, transforms=tiled),  # x
+      x_ring,                                                                     # x
       plgpu.SMEM((stages, wgs, gps, BN), scales.dtype),                           # scales
       None if st.sym else plgpu.SMEM((stages, wgs, gps, BN), zeros.dtype),        # zeros
       None if st.registers_a else plgpu.SMEM((wgs, 2, BN, span2), st.dtype,
@@ -672,6 +676,10 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits and not stream,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)
+  # mma.sync (compiled, registers_a): 8 rows, whole 16-byte x chunks per thread, wgmma-free forms.
+  st = dataclasses.replace(st, mma_sync=(
+      cfg.mma_sync and st.registers_a and m_pad == 8 and span2 in mma_sync.SPANS
+      and not (direct_x or st.pipeline or st.fold_zero)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
   plan = None
@@ -687,6 +695,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
     # x in planes: xt[c, m, :] holds x's columns [c*span2, (c+1)*span2); zero padding is
     # harmless (padded weight codes and scales are 0 as well).
     xt = xp.reshape(m_pad, kp // span2, span2).transpose(1, 0, 2)
+    xt = mma_sync.permute_planes(xt) if st.mma_sync else xt
   xsum = x_sums(xp, st=st) if st.late_zero else None
   parts = _launch(xt, qweight, scales, zeros, xsum, st=st, split_k=cfg.split_k,
                   interpret=static.interpret, out_shape=(m, static.n), plan=plan)

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
 
@@ -50,6 +52,20 @@ def x_sums(xp, *, st: Statics):
   piece = st.block_k // st.groups_per_step
   m_pad, kp = xp.shape
   return jnp.sum(xp.astype(jnp.float32).reshape(m_pad, kp // piece, piece), axis=-1).T
+
+
+def zero_offset(z_ring, xs_ring, slot, wg, g: int, st: Statics):
+  """``(B + z_g) X_g`` as a float32 ``[64, m_pad]`` tile: what a wgmma over ``B + q`` adds on
+  top of ``(q - z) x`` for group ``g`` of a ring slot (``Statics.late_zero``), with
+  ``X_g[m] = sum_k x[m, k]`` over the group's rows of the step (``x_sums``). A rank-1 product
+  of a per-feature row and a per-activation column: ~m_pad / 2 FMAs a thread per group, where
+  the packed subtract it replaces is one bf16x2 op per two weights (block_k / 4 a thread)."""
+  xs = plgpu.load(xs_ring.at[slot, g], (), layout=plgpu.Layout.WGMMA.reduce(0))
+  xs = lax.broadcast_in_dim(xs, (BN, st.m_pad), [1])
+  if st.sym:
+    return jnp.float32(st.magic + st.zero) * xs
+  z = plgpu.load(z_ring.at[slot, wg, g], (), layout=plgpu.Layout.WGMMA.reduce(1))
+  return lax.broadcast_in_dim(z.astype(jnp.float32) + st.magic, (BN, st.m_pad), [0]) * xs
 
 
 def xs_rows(st: Statics) -> int:

@@ -46,8 +46,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
-from quant.matmul.mosaic import BN, PLANES, Statics, _codes, zero_offset
-from quant.matmul.mosaic_io import scale_rows, split_refs, weight_boxes
+from quant.matmul.mosaic import BN, PLANES, Statics, _codes, mma_sync_group
+from quant.matmul.mosaic_io import scale_rows, split_refs, weight_boxes, zero_offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +178,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
           plgpu.wgmma(acc_ref, planes.at[p % 2], x_ring.at[slot, p].transpose((1, 0)))
         plgpu.wgmma_wait(0)
         return acc_ref[...]
-      part = pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32))
+      part = (mma_sync_group(codes, zero, x_ring.at[slot], g, st) if st.mma_sync
+              else pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32)))
       if st.late_zero:
         part = part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
       s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)

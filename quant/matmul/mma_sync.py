@@ -1,0 +1,124 @@
+"""The W4A16 decode step's products with warp-level ``mma.sync m16n8k16`` (``MosaicConfig.mma_sync``).
+
+At M <= 8 the wgmma form multiplies each dequantized plane ``[64, span2]`` (A, registers) by x's
+plane ``[8, span2]`` (B, shared memory) as ``m64 n8 k16`` instructions, the narrowest N a wgmma
+has. Marlin's decode kernels use Ampere's warp-level ``mma.sync.m16n8k16`` instead, whose N = 8
+is native. This module is that form, written as inline PTX (``plgpu.inline_mgpu``); compiled
+only (the Mosaic GPU interpreter runs no PTX: interpret mode keeps the wgmma form).
+
+Fragments (PTX ISA, ``mma.m16n8k16`` with .bf16 / .f16, row.col), g = lane / 4, t = lane % 4:
+  A (16 x 16, per warp): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..),
+     a3 = (g + 8, 2t + 8..). A 16-bit ``[64, span2]`` array in Pallas's WGMMA layout has
+     registers of shape ``(1, span2 / 8, 1, 1, 2, 1, 1, 1, 1)``: register ``[0, c, 0, 0, r]``
+     holds row g + 8r of the warp's 16 rows, columns 8c + 2t and 8c + 2t + 1. So k16 block j's
+     A fragment is registers (c, r) = (2j, 0), (2j, 1), (2j + 1, 0), (2j + 1, 1): the plane the
+     dequant already produces, unchanged.
+  B (16 x 8): b0 = x[n = g, k = 2t..2t+1], b1 = x[g, 2t + 8..2t + 9] in each k16 block.
+  C / D (16 x 8, float32): (g, 2t..2t+1) and (g + 8, 2t..): the WGMMA layout of a float32
+     ``[64, 8]`` tile (registers ``[.., r, ..]`` of vector<2xf32>, r = row half).
+
+x's planes are stored in fragment order (``permute_planes``, when XLA prepares them): thread t's
+32 values of a 128-column plane (b0, b1 of the 8 k16 blocks) lie in 4 chunks of 16 bytes, chunk
+v at byte 64 v + 16 t of the row, and rows are ``pitch`` = span2 + 32 elements apart (64 bytes
+of padding per row), so the 8 threads of a quarter-warp's 16-byte loads hit distinct banks. The
+same K permutation on x and no change on the weight: a sum over K does not depend on the
+order of its terms' positions, only on their pairing, which the permutation keeps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import jax.numpy as jnp
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, llvm
+
+PAD = 32             # bf16 elements of padding per x row (64 bytes: see the module docstring)
+SPANS = (64, 128)    # plane widths served (block_k 256 and 512): whole 16-byte chunks per thread
+_ROWS = 8            # x rows (m_pad): mma.sync's N
+
+
+def pitch(span2: int) -> int:
+  """Elements from one stored x row to the next."""
+  return span2 + PAD
+
+
+def source_columns(span2: int) -> np.ndarray:
+  """For each stored position of a plane's row (``span2`` of them, before the padding), the plane
+  column it holds: chunk v (16 bytes) of thread t at elements ``32 v + 8 t ..``, each chunk two
+  k16 blocks j = 2v, 2v + 1 of (b0, b1) = columns (16j + 2t, +1, 16j + 2t + 8, +9)."""
+  if span2 not in SPANS:
+    raise ValueError(f"span2 must be one of {SPANS}, got {span2}")
+  cols = np.empty(span2, np.int32)
+  for v in range(span2 // 32):
+    for t in range(4):
+      for w in range(8):
+        j, u = 2 * v + w // 4, w % 4
+        cols[32 * v + 8 * t + w] = 16 * j + 2 * t + (0, 1, 8, 9)[u]
+  return cols
+
+
+def permute_planes(xt: jnp.ndarray) -> jnp.ndarray:
+  """x's planes ``[C, m_pad, span2]`` -> ``[C, m_pad, pitch]`` in fragment order, zero-padded."""
+  span2 = xt.shape[-1]
+  out = jnp.take(xt, jnp.asarray(source_columns(span2)), axis=-1)
+  return jnp.pad(out, ((0, 0), (0, 0), (0, PAD)))
+
+
+def thread_chunk_offsets(span2: int, g: int, t: int) -> list[int]:
+  """Element offsets (from the plane's start) of thread (g, t)'s 16-byte chunks: the addresses
+  ``plane_product`` loads, for tests and for reading the kernel."""
+  return [g * pitch(span2) + 32 * v + 8 * t for v in range(span2 // 32)]
+
+
+def plane_product(vals, x_plane, acc):
+  """``acc + vals @ x^T`` for one plane: vals ``[64, span2]`` (WGMMA layout, the dequantized
+  weight rows of this warpgroup), x_plane an SMEM ref ``[8, pitch]`` (fragment order), acc a
+  float32 ``[64, 8]`` WGMMA tile. Each warp runs its 16 rows as ``span2 / 16`` chained
+  ``mma.sync.m16n8k16`` (float32 accumulate)."""
+  span2 = vals.shape[1]
+  if span2 not in SPANS:
+    raise NotImplementedError(f"mma_sync serves planes of {SPANS} columns, got {span2}")
+  dtype = vals.dtype
+  kind = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "f16"}[jnp.dtype(dtype)]
+  asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{$0, $1, $2, $3}}, "
+         "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+  constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.Layout.WGMMA),
+      return_type=plgpu.ShapeDtypeStruct((64, _ROWS), jnp.float32, layout=plgpu.Layout.WGMMA))
+  def product(_, a, x_ref, c):
+    i32, f32 = ir.IntegerType.get_signless(32), ir.F32Type.get()
+    quad = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+    v4 = ir.VectorType.get((4,), i32)
+    lane = arith.remui(mgpu.utils.thread_idx(), mgpu.utils.c(32, i32))
+    g = arith.divui(lane, mgpu.utils.c(4, i32))
+    t = arith.remui(lane, mgpu.utils.c(4, i32))
+    # Byte offset of chunk 0: (g * pitch + 8 t) elements of 2 bytes.
+    first = arith.addi(arith.muli(g, mgpu.utils.c(2 * pitch(span2), i32)),
+                       arith.muli(t, mgpu.utils.c(16, i32)))
+    base = mgpu.utils.memref_ptr(x_ref)
+    words = []
+    for v in range(span2 // 32):
+      off = arith.addi(first, mgpu.utils.c(64 * v, i32))
+      ptr = mgpu.utils.getelementptr(base, [off], ir.IntegerType.get_signless(8))
+      chunk = llvm.load(v4, ptr, alignment=16)
+      words += [llvm.extractelement(chunk, mgpu.utils.c(i, i32)) for i in range(4)]
+    a_regs = a.registers.reshape(span2 // 8, 2)          # (column block c, row half r)
+    pos = [mgpu.utils.c(i, i32) for i in range(2)]
+    c_idx = list(np.ndindex(c.registers.shape))          # the two row halves
+    d = [llvm.extractelement(c.registers[i], p) for i in c_idx for p in pos]
+    for j in range(span2 // 16):
+      frag = [a_regs[2 * j, 0], a_regs[2 * j, 1], a_regs[2 * j + 1, 0], a_regs[2 * j + 1, 1]]
+      frag = [mgpu.utils.bitcast(r, i32) for r in frag]
+      res = llvm.inline_asm(quad, [*frag, words[2 * j], words[2 * j + 1], *d], asm, constraints)
+      d = [llvm.extractvalue(f32, res, [i]) for i in range(4)]
+    out = c.registers.copy()
+    for h, i in enumerate(c_idx):
+      vec = llvm.insertelement(c.registers[i], d[2 * h], pos[0])
+      out[i] = llvm.insertelement(vec, d[2 * h + 1], pos[1])
+    return mgpu.FragmentedArray(_registers=out, _layout=c.layout, _is_signed=None)
+
+  return product(vals, x_plane, acc)
