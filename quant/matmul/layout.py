@@ -273,6 +273,20 @@ def unpack_mosaic(qweight: Int[Array, "..."], block_k: int) -> Int[Array, "Np Kp
   return fields.reshape(np_, kp).astype(jnp.int32)
 
 
+def dense_transposed(qweight, scales, zeros, *, block_k: int, group_size: int,
+                     bits: int) -> Float[Array, "Np Kp"]:
+  """W^T in float32, ``[Np, Kp]`` in stored (padded, permuted) order, from a prepared weight's
+  arrays in either storage: ``(q - z) * s`` per group (z = 2^(bits - 1) when symmetric). The
+  Mosaic kernel's backward (dx = dy W^T) uses it; the kernel itself never builds it."""
+  scales = untile_rows(scales)                    # [Gp, Np]
+  zeros = None if zeros is None else untile_rows(zeros)
+  kp = code_dims(qweight)[1]
+  codes = unpack_mosaic(qweight, block_k).astype(jnp.float32)
+  rows = jnp.arange(kp) // group_size if scales.shape[0] > 1 else jnp.zeros(kp, jnp.int32)
+  z = (jnp.float32(2 ** (bits - 1)) if zeros is None else zeros.astype(jnp.float32).T[:, rows])
+  return (codes - z) * scales.astype(jnp.float32).T[:, rows]
+
+
 def to_quantized(mw: MosaicWeight) -> formats.QuantizedWeight:
   """Inverse of ``prepare_mosaic``: the same weight as a ``QuantizedWeight`` (exact; padding
   dropped; zero points back to int32). Lets the backends that read our packed format (Triton,

@@ -626,14 +626,8 @@ def _fused_fwd(x, qweight, scales, zeros, bias, static: _Static):
 def _fused_bwd(static: _Static, res, dy):
   """dx = dy @ W^T with W unpacked from the planar codes by XLA (no gradient for the weight)."""
   qweight, scales, zeros, bias = res
-  scales = layout.untile_rows(scales)            # [Gp, Np] in either storage
-  zeros = None if zeros is None else layout.untile_rows(zeros)
-  kp = layout.code_dims(qweight)[1]
-  codes = layout.unpack_mosaic(qweight, static.cfg.block_k).astype(jnp.float32)  # W^T, stored
-  rows = jnp.arange(kp) // static.group_size if scales.shape[0] > 1 else jnp.zeros(kp, jnp.int32)
-  z = (jnp.float32(2 ** (static.bits - 1)) if zeros is None
-       else zeros.astype(jnp.float32).T[:, rows])
-  wt = (codes - z) * scales.astype(jnp.float32).T[:, rows]            # [Np, Kp]
+  wt = layout.dense_transposed(qweight, scales, zeros, block_k=static.cfg.block_k,
+                               group_size=static.group_size, bits=static.bits)     # [Np, Kp]
   dx = jnp.matmul(dy.astype(jnp.float32), wt[:static.n, :static.k]).astype(dy.dtype)
   dbias = None if bias is None else jnp.sum(dy.astype(jnp.float32), axis=0).astype(bias.dtype)
   return dx, None, None, None, dbias
