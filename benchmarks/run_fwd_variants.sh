@@ -12,6 +12,7 @@
 #   lazy   session 16: Config.lazy_rescale (FA4's conditional rescaling) at H = 256 and on the
 #          two unmasked H = 128 rows nearest cuDNN.
 #   vring  session 17: Config.v_stages (a deeper K ring than V's) at H = 256 and H = 128.
+#   s18    written in session 17: FA3's intra-warpgroup overlap at H = 256 (full row).
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 set_name="${1:-tiles}"
 limit="${2:-45}"
@@ -89,8 +90,17 @@ elif [ "$set_name" = vring ]; then
       one --shape $shape --fields "$f"
     done
   done
+elif [ "$set_name" = s18 ]; then
+  # Written in session 17 for session 18: the H = 256 full row (0.94x) with FA3's
+  # intra-warpgroup overlap (Config.overlap: lowers at H = 256 on CPU, never compiled there;
+  # S_next + P + O = 32 + 16 + 128 registers a thread), its ptxas report first (spills?).
+  source benchmarks/ptxas_report.sh
+  ptxas_report "Config(block_kv=64,overlap=True)" 256 fwd | tee -a "$out/fwd.log"
+  for f in "" overlap=True "overlap=True,named_barriers=False"; do
+    one --shape 4x4096x8x256 --fields "$f"
+  done
 else
-  echo "unknown set $set_name (s11, tiles, lazy or vring)"; exit 2
+  echo "unknown set $set_name (s11, tiles, lazy, vring or s18)"; exit 2
 fi
 cat "$out/fwd.jsonl" 2>/dev/null | python3 -c "
 import json,sys
