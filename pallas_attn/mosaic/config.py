@@ -23,7 +23,10 @@ class Config:
       the same). K is read first in a step (S = Q K^T) and V only after the softmax, so a
       deeper K ring fetches K further ahead for the same shared memory: at H = 256 three
       64-key K slots and two V slots (224 KB of tiles with Q) instead of two of each. Not
-      served with ``overlap`` (its loop keeps one slot index for both rings).
+      served with ``overlap`` (its loop keeps one slot index for both rings). H200 (session
+      17), forward: 4x4096x8x256 full 0.793 -> 0.838 ms (3 K + 2 V), 0.822 (2 + 3), 0.997
+      (2 + 1); 4x4096x16x128 0.801 -> 0.840 (3 + 2): every five-slot ring 4-6% slower, one V
+      slot far worse. Off (0); kept, tested, for the rings' next experiments.
     bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
       step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
       dK/dV consumer holds two fp32 [block_kv, H] accumulators.
