@@ -222,10 +222,11 @@ class MosaicConfig:
   correction cancels them, so float32 rounding of the partial grows by as much (still ~1e-5
   of the output for activations without a large common offset). Ignored with ``pipeline`` or
   ``fold_zero``.
-  ``mma_sync`` (with ``registers_a``, compiled only; written in session 17, not yet run on a
-  GPU: off): at M <= 8 (x padded to 8 rows) multiply each dequantized plane by x with warp-level
+  ``mma_sync`` (with ``registers_a``; written in session 17, not yet run on a GPU: off): at
+  M <= 8 (x padded to 8 rows) multiply each dequantized plane by x with warp-level
   ``mma.sync.m16n8k16`` (N = 8 native: Marlin's instruction) instead of ``m64 n8 k16`` wgmmas,
-  x's planes stored in fragment order by XLA (``mma_sync.py``). For block_k 256 / 512; ignored
+  x's planes stored in fragment order by XLA (``mma_sync.py``; interpret mode emulates the
+  product from the same buffer). For block_k 256 / 512; ignored
   with ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows. Why: the probe
   ``benchmarks/wgmma_probe.py`` times both instructions at N = 8 (benchmarks/NOTES.md).
   """

@@ -3,8 +3,10 @@
 At M <= 8 the wgmma form multiplies each dequantized plane ``[64, span2]`` (A, registers) by x's
 plane ``[8, span2]`` (B, shared memory) as ``m64 n8 k16`` instructions, the narrowest N a wgmma
 has. Marlin's decode kernels use Ampere's warp-level ``mma.sync.m16n8k16`` instead, whose N = 8
-is native. This module is that form, written as inline PTX (``plgpu.inline_mgpu``); compiled
-only (the Mosaic GPU interpreter runs no PTX: interpret mode keeps the wgmma form).
+is native. This module is that form, written as inline PTX (``plgpu.inline_mgpu``). The Mosaic
+GPU interpreter runs no PTX: interpret mode computes the same product with jnp from the same
+fragment-ordered x buffer (``plane_product(..., emulate=True)``), so everything but the PTX
+itself (x's permutation, the padded ring, the kernels' plumbing) is checked on CPU.
 
 Fragments (PTX ISA, ``mma.m16n8k16`` with .bf16 / .f16, row.col), g = lane / 4, t = lane % 4:
   A (16 x 16, per warp): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..),
@@ -72,14 +74,22 @@ def thread_chunk_offsets(span2: int, g: int, t: int) -> list[int]:
   return [g * pitch(span2) + 32 * v + 8 * t for v in range(span2 // 32)]
 
 
-def plane_product(vals, x_plane, acc):
+def plane_product(vals, x_plane, acc, *, emulate: bool = False):
   """``acc + vals @ x^T`` for one plane: vals ``[64, span2]`` (WGMMA layout, the dequantized
   weight rows of this warpgroup), x_plane an SMEM ref ``[8, pitch]`` (fragment order), acc a
   float32 ``[64, 8]`` WGMMA tile. Each warp runs its 16 rows as ``span2 / 16`` chained
-  ``mma.sync.m16n8k16`` (float32 accumulate)."""
+  ``mma.sync.m16n8k16`` (float32 accumulate). ``emulate`` (interpret mode, which runs no PTX):
+  the same product with jnp from the same fragment-ordered buffer, so that the x permutation,
+  the padded ring and the kernel's plumbing are checked on CPU; only the PTX is not."""
   span2 = vals.shape[1]
   if span2 not in SPANS:
     raise NotImplementedError(f"mma_sync serves planes of {SPANS} columns, got {span2}")
+  if emulate:
+    # Fragment order -> plane columns: stored element 32 v + 8 t + 4 jj + 2 h + l holds
+    # column 32 v + 16 jj + 8 h + 2 t + l (``source_columns``), a transpose of 2 x 2 x 4 blocks.
+    x = x_plane[...][:, :span2].astype(jnp.float32).reshape(_ROWS, span2 // 32, 4, 2, 2, 2)
+    x = x.transpose(0, 1, 3, 4, 2, 5).reshape(_ROWS, span2)
+    return acc + jnp.dot(vals.astype(jnp.float32), x.T, preferred_element_type=jnp.float32)
   dtype = vals.dtype
   kind = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "f16"}[jnp.dtype(dtype)]
   asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{$0, $1, $2, $3}}, "

@@ -194,7 +194,7 @@ def mma_sync_group(codes, zero, x_slot, g: int, st: Statics):
   acc = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
   for p in range(g * per_group, (g + 1) * per_group):
     vals = _codes(codes, p, st) if zero is None else _codes(codes, p, st) - zero
-    acc = mma_sync.plane_product(vals, x_slot.at[p], acc)
+    acc = mma_sync.plane_product(vals, x_slot.at[p], acc, emulate=not st.paired)
   return acc
 
 
@@ -670,9 +670,10 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits and not stream,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)
-  # mma.sync (compiled, registers_a): 8 rows, whole 16-byte x chunks per thread, wgmma-free forms.
+  # mma.sync: 8 rows, whole 16-byte x chunks per thread, wgmma-free forms (interpret mode
+  # emulates the product from the same fragment-ordered x ring).
   st = dataclasses.replace(st, mma_sync=(
-      cfg.mma_sync and st.registers_a and m_pad == 8 and span2 in mma_sync.SPANS
+      cfg.mma_sync and m_pad == 8 and span2 in mma_sync.SPANS
       and not (direct_x or st.pipeline or st.fold_zero)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))

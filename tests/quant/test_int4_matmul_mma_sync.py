@@ -3,8 +3,10 @@
 The inline PTX cannot run in the Mosaic GPU interpreter, so on CPU: the index maths of x's
 fragment order against a model of what each thread loads (its b0 / b1 registers must be
 x[g, 16j + 2t ..] and x[g, 16j + 2t + 8 ..], the loads of a quarter-warp on distinct banks), the
-config's rules, interpret mode ignoring the flag, and the sm90 lowering (the kernel's MLIR holds
-mma.sync and no wgmma). Compiled runs against the reference: GPU only.
+config's rules, the kernels in interpret mode with the product emulated from the same
+fragment-ordered buffer (grid and stream-K, against the reference: a wrong permutation fails
+them), and the sm90 lowering (the kernel's MLIR holds mma.sync and no wgmma). Compiled runs
+against the reference: GPU only.
 """
 from __future__ import annotations
 
@@ -73,16 +75,37 @@ def test_config_rules():
     mma_sync.source_columns(32)
 
 
-def test_interpret_mode_ignores_the_flag():
-  """Interpret mode keeps the wgmma form (the interpreter runs no PTX): same bits."""
-  qw = _weight(1024, 192, group_size=128, sym=False, act_order=False)
-  x = _x(3, 1024, BF16, seed=3)
-  mw = layout.prepare_mosaic(qw, block_k=256)
-  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2)
-  got = w4_mosaic.int4_matmul(x, mw, config=MosaicConfig(block_n=64, block_k=256, num_stages=2,
-                                                         mma_sync=True), interpret=True)
-  want = w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=True)
-  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+# (m, k, n, group_size, sym, block_k, block_n, stream_ctas): grid and stream-K, both plane
+# widths, short / long groups, per-channel, symmetric, two warpgroups.
+INTERPRET_CASES = [
+    (1, 1024, 192, 128, False, 512, 64, 0),
+    (8, 1024, 128, 64, True, 256, 64, 0),
+    (3, 2048, 128, 1024, False, 256, 128, 0),
+    (5, 1024, 192, 128, False, 256, 64, 5),
+    (2, 520, 70, -1, False, 256, 64, 0),
+]
+
+
+@pytest.mark.parametrize("m,k,n,group_size,sym,block_k,block_n,ctas", INTERPRET_CASES,
+                         ids=[f"m{c[0]}_k{c[1]}_g{c[3]}_bk{c[5]}_wg{c[6] // 64}_c{c[7]}"
+                              for c in INTERPRET_CASES])
+def test_interpret_mode_emulates_the_product(monkeypatch, m, k, n, group_size, sym, block_k,
+                                             block_n, ctas):
+  """Interpret mode (no PTX) runs the form's x permutation, padded x ring and plumbing with the
+  product emulated from the fragment-ordered buffer: the result meets the reference."""
+  calls = []
+  product = mma_sync.plane_product
+  monkeypatch.setattr(mma_sync, "plane_product",
+                      lambda *a, **kw: (calls.append(kw.get("emulate")), product(*a, **kw))[1])
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  b = _x(1, n, BF16, seed=4)[0]
+  mw = layout.prepare_mosaic(qw, block_k=block_k)
+  cfg = MosaicConfig(block_n=block_n, block_k=block_k, num_stages=2, stream_ctas=ctas,
+                     mma_sync=True)
+  jax.clear_caches()
+  _check(w4_mosaic.int4_matmul(x, mw, bias=b, config=cfg, interpret=True), x, qw, b)
+  assert calls and all(calls)
 
 
 @pytest.mark.parametrize("m,block_k,group_size,sym,stream", [
