@@ -187,7 +187,8 @@ class Config:
       4x4096x8x256 0.4362 -> 0.4248 ms (1.03 -> 1.06x cuDNN; ``default_config`` turns it on
       for masked calls at head dims over 128); full 4x4096x8x256 0.8016 -> 0.8062, and the
       H = 128 full rows 5-6% slower. Its kernels keep Pallas's 2 KB cross-warp reduction
-      scratch (the max crosses warps).
+      scratch (the max crosses warps); ignored where that does not fit (H = 256 with 80-key
+      blocks, the persistent launch's O chunks or 3 K + 2 V slots).
     q_regs_cols: forward (compiled): the first this many columns of Q (a multiple of 64; values
       above the head dim take all of it) are the A operand of S = Q K^T from registers, loaded
       once per tile, instead of from shared memory. With both operands in SMEM an m64 n64 k16

@@ -437,10 +437,13 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   # FA3's 80-key ring at head dim 256 is 128 bytes over without them, as are the persistent
   # launch at 256 with its O slots and 3 K + 2 V slots (``Config.v_stages``). The other kernels
   # keep the default so that they stay as measured; so does ``lazy_rescale``, whose
-  # warpgroup-wide max crosses warps.
+  # warpgroup-wide max crosses warps. Where its scratch does not fit, the lazy form is dropped
+  # (the plain online softmax: the same result up to float32 rounding, no config error).
   needs_room = bool(cfg.block_kv % 64 or st.o_chunked or st.v_stages)
-  give_back = needs_room and not st.lazy_rescale
   smem = kernels.smem_bytes(st=st, head_dim=hp, itemsize=q.dtype.itemsize)
+  if needs_room and st.lazy_rescale and smem + 2048 > SMEM_LIMIT_BYTES:
+    st = dataclasses.replace(st, lazy_rescale=0.0)
+  give_back = needs_room and not st.lazy_rescale
   smem += 2048 if needs_room and not give_back else 0
   if smem > SMEM_LIMIT_BYTES:
     raise NotImplementedError(f"mosaic config needs ~{smem // 1024} KB of shared memory at head "

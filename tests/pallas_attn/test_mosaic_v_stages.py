@@ -104,10 +104,21 @@ def test_split_rings_compiled(case):
   H.check_mosaic_default_with(case, num_stages=3, v_stages=2)
 
 
-def test_lazy_rescale_keeps_its_reduction_scratch():
+@pytest.mark.parametrize("fields,lazy", [(dict(num_stages=3, v_stages=2), False),
+                                         (dict(block_kv=80), False), (dict(), True)],
+                         ids=["k3v2", "kv80", "default_rings"])
+def test_lazy_rescale_gives_way_where_its_scratch_does_not_fit(monkeypatch, fields, lazy):
   """``lazy_rescale``'s warpgroup-wide max reduces across warps, so its kernels keep the 2 KB
-  reduction scratch; with 3 K + 2 V slots at H = 256 that is over the limit: the call is
-  declined (NotImplementedError, so dispatch can fall back) instead of failing in Mosaic."""
-  with pytest.raises(NotImplementedError, match="shared memory"):
-    H.lower_mosaic_forward(Config(block_kv=64, num_stages=3, v_stages=2, lazy_rescale=8.0),
-                           h=256, t=1024)
+  reduction scratch; at H = 256 with 3 K + 2 V slots or FA3's 80-key blocks (the masked
+  default's lazy form on) that is over the limit, so the plain online softmax runs instead:
+  the call lowers and the lazy step is never traced. With the default 2 + 2 rings it is."""
+  traced = []
+  lazy_step = kernels._exp_block_lazy
+  monkeypatch.setattr(kernels, "_exp_block_lazy",
+                      lambda *a, **k: (traced.append(1), lazy_step(*a, **k))[1])
+  jax.clear_caches()
+  cfg = dataclasses.replace(Config(block_kv=64, lazy_rescale=8.0, pin_softmax=True,
+                                   named_free=True), **fields)
+  text = H.lower_mosaic_forward(cfg, h=256, t=1024, causal=True)
+  assert "flash_attention_fwd" in text
+  assert bool(traced) == lazy
