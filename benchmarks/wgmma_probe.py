@@ -11,8 +11,9 @@ be what the kernel's last ~6 us are made of. This probe measures it with no memo
 all: each CTA repeats ``steps`` times the kernel's step shape (4 planes, ``m64 nN k128`` each,
 A from registers or from SMEM, one wait per step, the partials summed as the kernel scales
 them) and reports TFLOP/s on the padded N, for N = 8 ... 256 and 132 / 264 CTAs; and the same
-work at N = 8 in Ampere's warp-level ``mma.sync m16n8k16`` (inline PTX, constant operands),
-the instruction Marlin's decode kernels use.
+work at N = 8 in Ampere's warp-level ``mma.sync m16n8k16`` (constant operands; the same
+inline-PTX helpers as ``quant/matmul/mma_sync.py``), the instruction Marlin's decode kernels
+use.
 
   PYTHONPATH=$PWD python3 benchmarks/wgmma_probe.py --out $OUT [--steps 4096]
 
@@ -29,18 +30,17 @@ import os
 import sys
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import llvm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import timing  # noqa: E402  pylint: disable=wrong-import-position
+from quant.matmul import mma_sync  # noqa: E402  pylint: disable=wrong-import-position
 
 PLANES = 4        # wgmmas per step (one per nibble plane in the decode kernel)
 SPAN = 128        # K rows of one plane (block_k 512 / 4)
@@ -104,33 +104,20 @@ def _mma_sync_step(acc):
   work at N = 8 in Ampere's warp-level instruction (Marlin's). The WGMMA layout of a float32
   [64, 8] tile is mma.sync's accumulator fragment per warp (rows g and g + 8 of the warp's 16,
   columns 2t, 2t + 1), so ``acc`` [4, 64, 8] (one tile per plane) holds each plane's D."""
-  asm = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
-         "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-  constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
-
   @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,) * PLANES,
                      return_type=tuple(plgpu.ShapeDtypeStruct((ROWS, 8), jnp.float32,
                                                               layout=plgpu.Layout.WGMMA)
                                        for _ in range(PLANES)))
   def step(_, *tiles):
-    f32, i32 = ir.F32Type.get(), ir.IntegerType.get_signless(32)
-    quad = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+    i32 = ir.IntegerType.get_signless(32)
     a = mgpu.utils.c(_BF16_ONE * 0x10001, i32)
     b = mgpu.utils.c(_BF16_HALF * 0x10001, i32)
-    pos = [mgpu.utils.c(i, i32) for i in range(2)]
     outs = []
     for tile in tiles:
-      idxs = list(np.ndindex(tile.registers.shape))   # 2 x vector<2xf32>: rows g and g + 8
-      d = [llvm.extractelement(tile.registers[i], p) for i in idxs for p in pos]
+      d = mma_sync.accumulator_values(tile)
       for _ in range(SPAN // 16):                    # a plane: k128 = 8 chained k16 steps
-        res = llvm.inline_asm(quad, [a, a, a, a, b, b, *d], asm, constraints,
-                              has_side_effects=True)
-        d = [llvm.extractvalue(f32, res, [i]) for i in range(4)]
-      new = tile.registers.copy()
-      for j, i in enumerate(idxs):
-        vec = llvm.insertelement(tile.registers[i], d[2 * j], pos[0])
-        new[i] = llvm.insertelement(vec, d[2 * j + 1], pos[1])
-      outs.append(mgpu.FragmentedArray(_registers=new, _layout=tile.layout, _is_signed=None))
+        d = mma_sync.mma_m16n8k16([a] * 4, [b] * 2, d)
+      outs.append(mma_sync.with_accumulator_values(tile, d))
     return tuple(outs)
 
   return step(*acc)
@@ -192,10 +179,9 @@ def main():
       t = timing.measure(f, (x, w), iterations=10)
       flops = step_flops(n) * args.steps * ctas
       k16 = ctas * args.steps * PLANES * SPAN // 16          # k16 wgmma instructions
-      row = dict(name=name, n=n, ctas=ctas, ms=t.ms, tflops=flops / t.ms / 1e9, correct=ok,
-                 method=t.method, cycles_per_k16_per_sm=None)
       # Tensor-core time per k16 instruction per SM at ~1.98 GHz (132 SMs share the work).
-      row["cycles_per_k16_per_sm"] = t.ms * 1e-3 * 1.98e9 / (k16 / 132)
+      row = dict(name=name, n=n, ctas=ctas, ms=t.ms, tflops=flops / t.ms / 1e9, correct=ok,
+                 method=t.method, cycles_per_k16_per_sm=t.ms * 1e-3 * 1.98e9 / (k16 / 132))
     except Exception as e:  # pylint: disable=broad-except
       row = dict(name=name, error=f"{type(e).__name__}: {str(e)[:300]}")
     rows.append(row)

@@ -74,6 +74,39 @@ def thread_chunk_offsets(span2: int, g: int, t: int) -> list[int]:
   return [g * pitch(span2) + 32 * v + 8 * t for v in range(span2 // 32)]
 
 
+def mma_m16n8k16(a: list, b: list, d: list, *, kind: str = "bf16") -> list:
+  """One ``mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32`` (inside an
+  ``inline_mgpu`` body): A fragment ``a`` (4 x i32), B fragment ``b`` (2 x i32), float32
+  accumulator ``d`` (4 x f32) in, the new accumulator (4 x f32) out."""
+  f32 = ir.F32Type.get()
+  quad = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+  asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{$0, $1, $2, $3}}, "
+         "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+  constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+  res = llvm.inline_asm(quad, [*a, *b, *d], asm, constraints)
+  return [llvm.extractvalue(f32, res, [i]) for i in range(4)]
+
+
+def accumulator_values(tile) -> list:
+  """The 4 float32 values (d0..d3: row g, columns 2t, 2t + 1; row g + 8, the same) a thread
+  holds of a float32 ``[64, 8]`` WGMMA-layout tile (two vector<2xf32> registers)."""
+  i32 = ir.IntegerType.get_signless(32)
+  pos = [mgpu.utils.c(i, i32) for i in range(2)]
+  return [llvm.extractelement(tile.registers[i], p) for i in np.ndindex(tile.registers.shape)
+          for p in pos]
+
+
+def with_accumulator_values(tile, d: list):
+  """``tile`` (a float32 ``[64, 8]`` WGMMA-layout FragmentedArray) holding the values ``d``."""
+  i32 = ir.IntegerType.get_signless(32)
+  pos = [mgpu.utils.c(i, i32) for i in range(2)]
+  out = tile.registers.copy()
+  for h, i in enumerate(np.ndindex(tile.registers.shape)):
+    vec = llvm.insertelement(tile.registers[i], d[2 * h], pos[0])
+    out[i] = llvm.insertelement(vec, d[2 * h + 1], pos[1])
+  return mgpu.FragmentedArray(_registers=out, _layout=tile.layout, _is_signed=None)
+
+
 def plane_product(vals, x_plane, acc, *, emulate: bool = False):
   """``acc + vals @ x^T`` for one plane: vals ``[64, span2]`` (WGMMA layout, the dequantized
   weight rows of this warpgroup), x_plane an SMEM ref ``[8, pitch]`` (fragment order), acc a
@@ -90,18 +123,13 @@ def plane_product(vals, x_plane, acc, *, emulate: bool = False):
     x = x_plane[...][:, :span2].astype(jnp.float32).reshape(_ROWS, span2 // 32, 4, 2, 2, 2)
     x = x.transpose(0, 1, 3, 4, 2, 5).reshape(_ROWS, span2)
     return acc + jnp.dot(vals.astype(jnp.float32), x.T, preferred_element_type=jnp.float32)
-  dtype = vals.dtype
-  kind = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "f16"}[jnp.dtype(dtype)]
-  asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{$0, $1, $2, $3}}, "
-         "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-  constraints = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
+  kind = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "f16"}[jnp.dtype(vals.dtype)]
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.Layout.WGMMA),
       return_type=plgpu.ShapeDtypeStruct((64, _ROWS), jnp.float32, layout=plgpu.Layout.WGMMA))
   def product(_, a, x_ref, c):
-    i32, f32 = ir.IntegerType.get_signless(32), ir.F32Type.get()
-    quad = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+    i32 = ir.IntegerType.get_signless(32)
     v4 = ir.VectorType.get((4,), i32)
     lane = arith.remui(mgpu.utils.thread_idx(), mgpu.utils.c(32, i32))
     g = arith.divui(lane, mgpu.utils.c(4, i32))
@@ -117,18 +145,11 @@ def plane_product(vals, x_plane, acc, *, emulate: bool = False):
       chunk = llvm.load(v4, ptr, alignment=16)
       words += [llvm.extractelement(chunk, mgpu.utils.c(i, i32)) for i in range(4)]
     a_regs = a.registers.reshape(span2 // 8, 2)          # (column block c, row half r)
-    pos = [mgpu.utils.c(i, i32) for i in range(2)]
-    c_idx = list(np.ndindex(c.registers.shape))          # the two row halves
-    d = [llvm.extractelement(c.registers[i], p) for i in c_idx for p in pos]
+    d = accumulator_values(c)
     for j in range(span2 // 16):
       frag = [a_regs[2 * j, 0], a_regs[2 * j, 1], a_regs[2 * j + 1, 0], a_regs[2 * j + 1, 1]]
-      frag = [mgpu.utils.bitcast(r, i32) for r in frag]
-      res = llvm.inline_asm(quad, [*frag, words[2 * j], words[2 * j + 1], *d], asm, constraints)
-      d = [llvm.extractvalue(f32, res, [i]) for i in range(4)]
-    out = c.registers.copy()
-    for h, i in enumerate(c_idx):
-      vec = llvm.insertelement(c.registers[i], d[2 * h], pos[0])
-      out[i] = llvm.insertelement(vec, d[2 * h + 1], pos[1])
-    return mgpu.FragmentedArray(_registers=out, _layout=c.layout, _is_signed=None)
+      d = mma_m16n8k16([mgpu.utils.bitcast(r, i32) for r in frag],
+                       [words[2 * j], words[2 * j + 1]], d, kind=kind)
+    return with_accumulator_values(c, d)
 
   return product(vals, x_plane, acc)
