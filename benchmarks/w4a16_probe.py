@@ -183,8 +183,11 @@ def main() -> int:
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--quick", action="store_true", help="CPU: interpret mode, tiny shapes")
   ap.add_argument("--variants", default="", help="comma list of variant names (default: all)")
+  ap.add_argument("--shapes", default="", help="comma list of MxKxN (default: SHAPES)")
   args = ap.parse_args()
   shapes = ((1, 512, 128),) if args.quick else SHAPES
+  if args.shapes:
+    shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
   interp = dict(interpret=True) if args.quick else {}
   os.makedirs(args.out, exist_ok=True)
   start = time.time()
@@ -234,7 +237,7 @@ def main() -> int:
         entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
         entry["ms"] = timing.measure(fn, (x, weights), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
-        if name in ("base", "direct", "stream264", "late") and not args.quick:
+        if name in ("base", "direct", "stream264", "late", "mmasync") and not args.quick:
           entry["breakdown_one_call"] = timing.kernel_breakdown(one, (x, weights[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]
