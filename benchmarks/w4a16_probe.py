@@ -161,6 +161,13 @@ VARIANTS = (  # name, patch, config overrides
     # checked like base), on the default form of each shape and on the grid form.
     ("mmasync", "base", dict(mma_sync=True)),
     ("mmasync_grid", "base", dict(mma_sync=True, stream_ctas=0)),
+    # Session 18: at 8192 x 8192 and 28672 x 8192 (grid form, 256-row steps, split-K 4) the form
+    # was 15-20% slower; is it the 64-column planes or the grid form?
+    ("mmasync_bk512", "base", dict(mma_sync=True, layout_block_k=512)),
+    ("mmasync_bk512_s264", "base", dict(mma_sync=True, layout_block_k=512, stream_ctas=264,
+                                          split_k=1)),
+    ("base_bk512_s264", "base", dict(layout_block_k=512, stream_ctas=264, split_k=1)),
+    ("mmasync_s264", "base", dict(mma_sync=True, stream_ctas=264, split_k=1)),
 )
 
 
@@ -237,7 +244,7 @@ def main() -> int:
         entry["rel_err"] = float(jnp.mean(jnp.abs(y - ref)) / jnp.mean(jnp.abs(ref)))
         entry["ms"] = timing.measure(fn, (x, weights), iterations=args.iters).ms / copies
         entry["vs_bf16"] = row["xla_bf16_ms"] / entry["ms"]
-        if name in ("base", "direct", "stream264", "late", "mmasync") and not args.quick:
+        if name in ("base", "direct", "stream264", "late", "mmasync", "mmasync_bk512_s264") and not args.quick:
           entry["breakdown_one_call"] = timing.kernel_breakdown(one, (x, weights[0]))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}"[:1500]
