@@ -222,13 +222,16 @@ class MosaicConfig:
   correction cancels them, so float32 rounding of the partial grows by as much (still ~1e-5
   of the output for activations without a large common offset). Ignored with ``pipeline`` or
   ``fold_zero``.
-  ``mma_sync`` (with ``registers_a``; written in session 17, not yet run on a GPU: off): at
-  M <= 8 (x padded to 8 rows) multiply each dequantized plane by x with warp-level
-  ``mma.sync.m16n8k16`` (N = 8 native: Marlin's instruction) instead of ``m64 n8 k16`` wgmmas,
-  x's planes stored in fragment order by XLA (``mma_sync.py``; interpret mode emulates the
-  product from the same buffer). For block_k 256 / 512; ignored
-  with ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows. Why: the probe
-  ``benchmarks/wgmma_probe.py`` times both instructions at N = 8 (benchmarks/NOTES.md).
+  ``mma_sync`` (with ``registers_a``): at M <= 8 (x padded to 8 rows) multiply each
+  dequantized plane by x with warp-level ``mma.sync.m16n8k16`` (N = 8 native: Marlin's
+  instruction) instead of ``m64 n8 k16`` wgmmas, x's planes stored in fragment order by XLA
+  (``mma_sync.py``; interpret mode emulates the product from the same buffer). For block_k
+  256 / 512; ignored with ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows.
+  Why: on the H200 the N = 8 wgmma runs at 241-281 TFLOP/s and mma.sync at 641-649
+  (``benchmarks/wgmma_probe.py``, session 18). Measured: 1 x 8192 x 28672 (stream-K, 512-row
+  steps) 0.0411 -> 0.0377 ms, 8 x 8192 x 28672 0.0410 -> 0.0385; but with 256-row steps
+  (the grid shapes 8192 x 8192 and 28672 x 8192) 15-20% slower, so ``default_mosaic_config``
+  turns it on only for 512-row stream-K steps (benchmarks/NOTES.md, session 18).
   """
   block_n: int = 128
   block_k: int = 512
@@ -386,4 +389,9 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
                                group_size=group_size, asym=asym, n=n)
       cfg = wide if wide.block_n == 256 else cfg
     cfg = dataclasses.replace(cfg, stream_ctas=per_sm(cfg) * num_sms)
+    # mma.sync for x's 8 rows where its steps are 512 rows (above); the ring it pads must still
+    # fit as many CTAs per SM.
+    if narrow and cfg.block_k == 512:
+      fast = dataclasses.replace(cfg, mma_sync=True)
+      cfg = fast if per_sm(fast) * num_sms == cfg.stream_ctas else cfg
   return cfg
