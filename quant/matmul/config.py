@@ -226,7 +226,9 @@ class MosaicConfig:
   dequantized plane by x with warp-level ``mma.sync.m16n8k16`` (N = 8 native: Marlin's
   instruction) instead of ``m64 n8 k16`` wgmmas, x's planes stored in fragment order by XLA
   (``mma_sync.py``; interpret mode emulates the product from the same buffer). For block_k
-  256 / 512; ignored with ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows.
+  256 / 512; ignored with ``registers_a=False`` (the planes then go through SMEM to a
+  wgmma), ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows, so that
+  ``dataclasses.replace(default, registers_a=False)`` stays a valid config.
   Why: on the H200 the N = 8 wgmma runs at 241-281 TFLOP/s and mma.sync at 641-649
   (``benchmarks/wgmma_probe.py``, session 18). Measured: 1 x 8192 x 28672 (stream-K, 512-row
   steps) 0.0411 -> 0.0377 ms, 8 x 8192 x 28672 0.0410 -> 0.0385; but with 256-row steps
@@ -246,9 +248,6 @@ class MosaicConfig:
   mma_sync: bool = False
 
   def __post_init__(self):
-    if self.mma_sync and not self.registers_a:
-      raise ValueError("MosaicConfig.mma_sync multiplies the planes from registers: it needs "
-                       "registers_a=True")
     if self.block_n not in (64, 128, 256):
       raise ValueError(f"MosaicConfig.block_n must be 64, 128 or 256 (1, 2 or 4 warpgroups), "
                        f"got {self.block_n!r}")
@@ -279,7 +278,7 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   per_stage = (bn * span2 * 2 + MOSAIC_PLANES * mp * span2 * 2
                + MOSAIC_PLANES * bn * (4 + (2 if asym else 0)))
   planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
-  if cfg.mma_sync:                             # x rows padded by 32 elements (mma_sync.PAD)
+  if cfg.mma_sync and cfg.registers_a:         # x rows padded by 32 elements (mma_sync.PAD)
     per_stage += MOSAIC_PLANES * mp * 32 * 2
   return cfg.num_stages * per_stage + planes + bn * mp * 4 + 1024
 

@@ -673,7 +673,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # mma.sync: 8 rows, whole 16-byte x chunks per thread, wgmma-free forms (interpret mode
   # emulates the product from the same fragment-ordered x ring).
   st = dataclasses.replace(st, mma_sync=(
-      cfg.mma_sync and m_pad == 8 and span2 in mma_sync.SPANS
+      cfg.mma_sync and cfg.registers_a and m_pad == 8 and span2 in mma_sync.SPANS
       and not (direct_x or st.pipeline or st.fold_zero)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
