@@ -222,12 +222,12 @@ class MosaicConfig:
   correction cancels them, so float32 rounding of the partial grows by as much (still ~1e-5
   of the output for activations without a large common offset). Ignored with ``pipeline`` or
   ``fold_zero``.
-  ``mma_sync`` (with ``registers_a``): at M <= 8 (x padded to 8 rows) multiply each
+  ``mma_sync`` (with ``registers_a``): at M <= 16 (x padded to 8 or 16 rows) multiply each
   dequantized plane by x with warp-level ``mma.sync.m16n8k16`` (N = 8 native: Marlin's
-  instruction) instead of ``m64 n8 k16`` wgmmas, x's planes stored in fragment order by XLA
+  instruction; two chains at 16 rows) instead of ``m64 nN k16`` wgmmas, x's planes stored in fragment order by XLA
   (``mma_sync.py``; interpret mode emulates the product from the same buffer). For block_k
   256 / 512; ignored with ``registers_a=False`` (the planes then go through SMEM to a
-  wgmma), ``pipeline``, ``fold_zero``, ``direct_io`` or more than 8 rows, so that
+  wgmma), ``pipeline``, ``fold_zero``, ``direct_io`` or more than 16 rows, so that
   ``dataclasses.replace(default, registers_a=False)`` stays a valid config.
   Why: on the H200 the N = 8 wgmma runs at 241-281 TFLOP/s and mma.sync at 641-649
   (``benchmarks/wgmma_probe.py``, session 18). Measured: 1 x 8192 x 28672 (stream-K, 512-row

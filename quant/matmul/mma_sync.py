@@ -1,8 +1,8 @@
 """The W4A16 decode step's products with warp-level ``mma.sync m16n8k16`` (``MosaicConfig.mma_sync``).
 
-At M <= 8 the wgmma form multiplies each dequantized plane ``[64, span2]`` (A, registers) by x's
-plane ``[8, span2]`` (B, shared memory) as ``m64 n8 k16`` instructions, the narrowest N a wgmma
-has. Marlin's decode kernels use Ampere's warp-level ``mma.sync.m16n8k16`` instead, whose N = 8
+At M <= 16 the wgmma form multiplies each dequantized plane ``[64, span2]`` (A, registers) by
+x's plane ``[m_pad, span2]`` (B, shared memory; m_pad 8 or 16) as ``m64 nN k16`` instructions,
+N = 8 the narrowest a wgmma has. Marlin's decode kernels use Ampere's warp-level ``mma.sync.m16n8k16`` instead, whose N = 8
 is native. This module is that form, written as inline PTX (``plgpu.inline_mgpu``). The Mosaic
 GPU interpreter runs no PTX: interpret mode computes the same product with jnp from the same
 fragment-ordered x buffer (``plane_product(..., emulate=True)``), so everything but the PTX
@@ -17,7 +17,9 @@ Fragments (PTX ISA, ``mma.m16n8k16`` with .bf16 / .f16, row.col), g = lane / 4, 
      dequant already produces, unchanged.
   B (16 x 8): b0 = x[n = g, k = 2t..2t+1], b1 = x[g, 2t + 8..2t + 9] in each k16 block.
   C / D (16 x 8, float32): (g, 2t..2t+1) and (g + 8, 2t..): the WGMMA layout of a float32
-     ``[64, 8]`` tile (registers ``[.., r, ..]`` of vector<2xf32>, r = row half).
+     ``[64, 8]`` tile (registers ``[.., r, ..]`` of vector<2xf32>, r = row half). At m_pad 16
+     the ``[64, 16]`` accumulator is two such n8 tiles (column blocks), each its own chain of
+     mma.sync with B from x's rows 8 nt + g.
 
 x's planes are stored in fragment order (``permute_planes``, when XLA prepares them): thread t's
 32 values of a 128-column plane (b0, b1 of the 8 k16 blocks) lie in 4 chunks of 16 bytes, chunk
@@ -38,7 +40,7 @@ from jaxlib.mlir.dialects import arith, llvm
 
 PAD = 32             # bf16 elements of padding per x row (64 bytes: see the module docstring)
 SPANS = (64, 128)    # plane widths served (block_k 256 and 512): whole 16-byte chunks per thread
-_ROWS = 8            # x rows (m_pad): mma.sync's N
+ROWS = (8, 16)       # x rows (m_pad) served: one or two n8 tiles of mma.sync
 
 
 def pitch(span2: int) -> int:
@@ -118,23 +120,26 @@ def plane_product(vals, x_plane, acc, *, emulate: bool = False):
   """``acc + vals @ x^T`` for one plane: vals ``[64, span2]`` (WGMMA layout, the dequantized
   weight rows of this warpgroup), x_plane an SMEM ref ``[8, pitch]`` (fragment order), acc a
   float32 ``[64, 8]`` WGMMA tile. Each warp runs its 16 rows as ``span2 / 16`` chained
-  ``mma.sync.m16n8k16`` (float32 accumulate). ``emulate`` (interpret mode, which runs no PTX):
+  ``mma.sync.m16n8k16`` (float32 accumulate) per 8 rows of x (x_plane ``[16, pitch]`` and acc
+  ``[64, 16]`` at m_pad 16: two independent chains). ``emulate`` (interpret mode, which runs no PTX):
   the same product with jnp from the same fragment-ordered buffer, so that the x permutation,
   the padded ring and the kernel's plumbing are checked on CPU; only the PTX is not."""
-  span2 = vals.shape[1]
+  span2, rows = vals.shape[1], x_plane.shape[0]
   if span2 not in SPANS:
     raise NotImplementedError(f"mma_sync serves planes of {SPANS} columns, got {span2}")
+  if rows not in ROWS:
+    raise NotImplementedError(f"mma_sync serves {ROWS} rows of x, got {rows}")
   if emulate:
     # Fragment order -> plane columns: stored element 32 v + 8 t + 4 jj + 2 h + l holds
     # column 32 v + 16 jj + 8 h + 2 t + l (``source_columns``), a transpose of 2 x 2 x 4 blocks.
-    x = x_plane[...][:, :span2].astype(jnp.float32).reshape(_ROWS, span2 // 32, 4, 2, 2, 2)
-    x = x.transpose(0, 1, 3, 4, 2, 5).reshape(_ROWS, span2)
+    x = x_plane[...][:, :span2].astype(jnp.float32).reshape(rows, span2 // 32, 4, 2, 2, 2)
+    x = x.transpose(0, 1, 3, 4, 2, 5).reshape(rows, span2)
     return acc + jnp.dot(vals.astype(jnp.float32), x.T, preferred_element_type=jnp.float32)
   kind = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "f16"}[jnp.dtype(vals.dtype)]
 
   @plgpu.inline_mgpu(
       arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.Layout.WGMMA),
-      return_type=plgpu.ShapeDtypeStruct((64, _ROWS), jnp.float32, layout=plgpu.Layout.WGMMA))
+      return_type=plgpu.ShapeDtypeStruct((64, rows), jnp.float32, layout=plgpu.Layout.WGMMA))
   def product(_, a, x_ref, c):
     i32 = ir.IntegerType.get_signless(32)
     v4 = ir.VectorType.get((4,), i32)
@@ -145,18 +150,21 @@ def plane_product(vals, x_plane, acc, *, emulate: bool = False):
     first = arith.addi(arith.muli(g, mgpu.utils.c(2 * pitch(span2), i32)),
                        arith.muli(t, mgpu.utils.c(16, i32)))
     base = mgpu.utils.memref_ptr(x_ref)
-    words = []
-    for v in range(span2 // 32):
-      off = arith.addi(first, mgpu.utils.c(64 * v, i32))
-      ptr = mgpu.utils.getelementptr(base, [off], ir.IntegerType.get_signless(8))
-      chunk = llvm.load(v4, ptr, alignment=16)
-      words += [llvm.extractelement(chunk, mgpu.utils.c(i, i32)) for i in range(4)]
     a_regs = a.registers.reshape(span2 // 8, 2)          # (column block c, row half r)
-    d = accumulator_values(c)
-    for j in range(span2 // 16):
-      frag = [a_regs[2 * j, 0], a_regs[2 * j, 1], a_regs[2 * j + 1, 0], a_regs[2 * j + 1, 1]]
-      d = mma_m16n8k16([mgpu.utils.bitcast(r, i32) for r in frag],
-                       [words[2 * j], words[2 * j + 1]], d, kind=kind)
-    return with_accumulator_values(c, d)
+    a_frags = [[mgpu.utils.bitcast(a_regs[2 * j + h, r], i32) for h in range(2) for r in range(2)]
+               for j in range(span2 // 16)]
+    d_all = accumulator_values(c)                        # 4 values per n8 tile, tile-major
+    for nt in range(rows // 8):
+      words = []
+      for v in range(span2 // 32):
+        off = arith.addi(first, mgpu.utils.c(2 * (8 * nt * pitch(span2) + 32 * v), i32))
+        ptr = mgpu.utils.getelementptr(base, [off], ir.IntegerType.get_signless(8))
+        chunk = llvm.load(v4, ptr, alignment=16)
+        words += [llvm.extractelement(chunk, mgpu.utils.c(i, i32)) for i in range(4)]
+      d = d_all[4 * nt:4 * nt + 4]
+      for j in range(span2 // 16):
+        d = mma_m16n8k16(a_frags[j], [words[2 * j], words[2 * j + 1]], d, kind=kind)
+      d_all[4 * nt:4 * nt + 4] = d
+    return with_accumulator_values(c, d_all)
 
   return product(vals, x_plane, acc)

@@ -116,7 +116,7 @@ class Statics:
                               # float32 partial afterwards (``MosaicConfig.late_zero``)
   direct_out: bool = False    # y [M, N] in x's dtype stored by the kernel (split_k = 1, no
                               # bias): no XLA slice / transpose / cast after it
-  mma_sync: bool = False      # planes times x by warp-level mma.sync (m_pad 8; mma_sync.py)
+  mma_sync: bool = False      # planes times x by warp-level mma.sync (m_pad 8, 16; mma_sync.py)
 
   @property
   def span2(self) -> int:
@@ -670,10 +670,10 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits and not stream,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)
-  # mma.sync: 8 rows, whole 16-byte x chunks per thread, wgmma-free forms (interpret mode
+  # mma.sync: 8 or 16 rows, whole 16-byte x chunks per thread, wgmma-free forms (interpret mode
   # emulates the product from the same fragment-ordered x ring).
   st = dataclasses.replace(st, mma_sync=(
-      cfg.mma_sync and cfg.registers_a and m_pad == 8 and span2 in mma_sync.SPANS
+      cfg.mma_sync and cfg.registers_a and m_pad in mma_sync.ROWS and span2 in mma_sync.SPANS
       and not (direct_x or st.pipeline or st.fold_zero)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))

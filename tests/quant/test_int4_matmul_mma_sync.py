@@ -83,7 +83,7 @@ def test_config_rules():
 # widths, short / long groups, per-channel, symmetric, two warpgroups.
 INTERPRET_CASES = [
     (1, 1024, 192, 128, False, 512, 64, 0),
-    (8, 1024, 128, 64, True, 256, 64, 0),
+    (16, 1024, 128, 64, True, 256, 64, 0),        # m_pad 16: two n8 chains
     (3, 2048, 128, 1024, False, 256, 128, 0),
     (5, 1024, 192, 128, False, 256, 64, 5),
     (2, 520, 70, -1, False, 256, 64, 0),
@@ -114,8 +114,8 @@ def test_interpret_mode_emulates_the_product(monkeypatch, m, k, n, group_size, s
 
 @pytest.mark.parametrize("m,block_k,group_size,sym,stream", [
     (1, 512, 128, False, 0), (8, 256, 128, True, 0), (3, 256, 1024, False, 0),
-    (1, 512, 128, False, 12), (5, 256, -1, False, 7)],
-    ids=["m1_bk512", "m8_sym", "long_groups", "stream", "stream_per_channel"])
+    (1, 512, 128, False, 12), (5, 256, -1, False, 7), (16, 512, 128, False, 12)],
+    ids=["m1_bk512", "m8_sym", "long_groups", "stream", "stream_per_channel", "m16_stream"])
 def test_lowering_runs_mma_sync_not_wgmma(m, block_k, group_size, sym, stream):
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
@@ -137,7 +137,7 @@ def test_lowering_runs_mma_sync_not_wgmma(m, block_k, group_size, sym, stream):
   assert "wgmma.mma_async" not in texts[True]
 
 
-def test_more_than_eight_rows_keep_wgmma():
+def test_more_than_sixteen_rows_keep_wgmma():
   k, n = 1024, 128
   qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=256), qw)
@@ -145,19 +145,24 @@ def test_more_than_eight_rows_keep_wgmma():
   f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
   jax.clear_caches()
   with _h200():
-    low = jax.jit(f).trace(jax.ShapeDtypeStruct((16, k), BF16), mw).lower(
+    low = jax.jit(f).trace(jax.ShapeDtypeStruct((17, k), BF16), mw).lower(
         lowering_platforms=("cuda",))
   text = "\n".join(mosaic_mlir.kernel_texts(low))
   assert "mma.sync" not in text and "wgmma" in text
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n,group_size,sym,block_k,stream,dtype", [
-    (1, 4096, 1024, 128, False, 512, 0, BF16), (8, 2048, 640, 64, True, 256, 0, BF16),
-    (3, 4096, 1024, 512, False, 256, 40, BF16), (1, 2048, 512, -1, False, 512, 0, jnp.float16),
-    (5, 8192, 2048, 128, False, 512, 132, BF16)],
-    ids=["decode_bk512", "m8_sym_g64", "stream_long_groups", "f16_per_channel", "stream_g128"])
-def test_compiled_mma_sync_matches_reference(m, k, n, group_size, sym, block_k, stream, dtype):
+@pytest.mark.parametrize("m,k,n,group_size,sym,block_k,stream,dtype,block_n", [
+    (1, 4096, 1024, 128, False, 512, 0, BF16, 64), (8, 2048, 640, 64, True, 256, 0, BF16, 64),
+    (3, 4096, 1024, 512, False, 256, 40, BF16, 64),
+    (1, 2048, 512, -1, False, 512, 0, jnp.float16, 64),
+    (5, 8192, 2048, 128, False, 512, 132, BF16, 64),
+    (16, 4096, 1024, 128, False, 512, 0, BF16, 64), (13, 2048, 640, 64, True, 256, 0, BF16, 128),
+    (16, 8192, 4096, 128, False, 512, 132, BF16, 256)],
+    ids=["decode_bk512", "m8_sym_g64", "stream_long_groups", "f16_per_channel", "stream_g128",
+         "m16_bk512", "m13_sym_g64_wg2", "m16_stream_wg4"])
+def test_compiled_mma_sync_matches_reference(m, k, n, group_size, sym, block_k, stream, dtype,
+                                             block_n):
   """Compiled (H200): the mma.sync form against ``x @ dequantize(qw)`` (TESTING.md's rule, as
   every W4A16 test)."""
   if jax.default_backend() != "gpu":
@@ -166,6 +171,6 @@ def test_compiled_mma_sync_matches_reference(m, k, n, group_size, sym, block_k, 
   x = _x(m, k, dtype, seed=m)
   b = _x(1, n, dtype, seed=4)[0]
   mw = layout.prepare_mosaic(qw, block_k=block_k)
-  cfg = MosaicConfig(block_n=64, block_k=block_k, num_stages=4, stream_ctas=stream,
-                     mma_sync=True)
+  cfg = MosaicConfig(block_n=block_n, block_k=block_k, num_stages=4 if block_n < 256 else 2,
+                     stream_ctas=stream, mma_sync=True)
   _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=cfg), x, qw, b)
