@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: test demo venv clean
+.PHONY: test test-all demo venv clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python >= 3.12 not found (set PYTHON=...)"; exit 1; }
@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# `make test` (CI) skips the cases tests/conftest.py marks slow (the rest of sampled interpret-mode
+# grids); `make test-all` runs them too.
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q -p no:cacheprovider --timeout=600 --durations=25 tests
+	$(PY) -m pytest -n 2 -q -p no:cacheprovider --timeout=600 --durations=25 -m "not slow" tests
+
+test-all: $(STAMP)
+	$(PY) -m pytest -n 2 -q -p no:cacheprovider --timeout=900 --durations=25 tests
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

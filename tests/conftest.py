@@ -1,0 +1,87 @@
+"""CI's sample of the slowest interpret-mode grids.
+
+Pallas interpret mode runs a Mosaic GPU kernel as a Python-level simulation, 10-80 s a case on
+CI's 2 cores. ``make test`` (and so CI) runs ``pytest -m "not slow"``; ``make test-all`` runs
+everything. This file is the one place that says which cases CI skips: for each test listed in
+``SAMPLED`` the cases it keeps (by parameter id, or by a rule over the item), and every other
+case of that test is marked ``slow``. A test not listed here is never marked. The tests sampled
+are those of opt-in forms (fused dQ, split rings, three consumers, ...) and lowering checks that
+repeat one config under several masks; what stays covers each form once and each mask feature
+(causal, window, softcap, segments, kv_lengths, GQA, padded head dims) at least once per file.
+The same cases run compiled on the GPU machine, where they are cheap (``-m gpu`` tests and
+``benchmarks/run_gpu_tests.sh``). Measured on CI (session 18): 3384 s of test time before the
+sample (pytest 29 min on 2 workers); the slow cases are ~950 s of it.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+_HERE = pathlib.Path(__file__).parent
+
+
+def _rotate(item) -> bool:
+  """Lowering checks of N configs x C mask cases: keep config i on case i mod C, so every config
+  and every case still lowers at least once."""
+  params, module = item.callspec.params, item.module
+  if "cfg_name" in params:                     # the backward's configs on LOWER_CASES[:3]
+    configs, cases, name = module.BWD_CONFIGS, module.LOWER_CASES[:3], params["cfg_name"]
+  else:
+    configs, cases, name = module.FORMS, module.LOWER_CASES, params["form"]
+  case = cases.index((params["h"], params["kw"]))
+  return case == list(configs).index(name) % len(cases)
+
+
+SAMPLED: dict = {
+    "pallas_attn/test_mosaic_config.py::test_fused_dq_backward_matches_reference_in_interpret_mode":
+        {"consumers-h64_alternate_steps-window_softcap_seg_len", "dq_writer-h128_split_columns-causal",
+         "dq_lag-h64_alternate_steps-full"},
+    "pallas_attn/test_mosaic_config.py::test_backward_tiles_differ_between_dq_and_dkdv_in_interpret_mode":
+        {"window_softcap"},
+    "pallas_attn/test_mosaic_config.py::test_tuned_persistent_forward_matches_reference_in_interpret_mode":
+        {"12tiles-causal", "10tiles-window_softcap"},
+    "pallas_attn/test_mosaic_config.py::test_dynamic_schedule_matches_reference_in_interpret_mode":
+        {"causal-12tiles-bkv128", "window_softcap-10tiles"},
+    "pallas_attn/test_mosaic_config.py::test_compiled_backward_lowers_for_sm90": _rotate,
+    "pallas_attn/test_mosaic_config.py::test_compiled_form_lowers_for_sm90": _rotate,
+    "pallas_attn/test_mosaic_backward_split.py::test_split_backward_matches_reference_in_interpret_mode":
+        {"causal_softcap", "window_seg_len"},
+    "pallas_attn/test_mosaic_lazy_rescale.py::test_lazy_forward_matches_reference_in_interpret_mode":
+        {"h256_growing", "h64_mixed_window_seg"},
+    "pallas_attn/test_mosaic_v_stages.py::test_split_rings_match_plain_forward_in_interpret_mode":
+        {"h64_k2v1_window_seg"},
+    "pallas_attn/test_mosaic_consumers.py::test_three_consumers_match_reference_in_interpret_mode":
+        {"segments", "causal_kvlen_h128"},
+    "pallas_attn/test_mosaic_dq_rings.py::test_split_rings_match_reference_in_interpret_mode":
+        {"window_softcap"},
+    "pallas_attn/test_mosaic_sum_in_pv.py::test_sum_in_pv_is_bitwise_the_default_in_interpret_mode":
+        {"segments", "window_softcap_kvlen_h128"},
+    "pallas_attn/test_mosaic_fastexp.py::test_forward_with_poly_exponentials_matches_reference_in_interpret_mode":
+        {"window_softcap_h128"},
+    "pallas_attn/test_mosaic_blocks.py::test_narrow_swizzle_blocks_match_the_reference_in_interpret_mode":
+        {"176-segments", "96-window_softcap_kvlen_h128"},
+}
+
+
+def _key(item) -> str:
+  path = pathlib.Path(str(item.path)).resolve().relative_to(_HERE.resolve())
+  return f"{path.as_posix()}::{getattr(item, 'originalname', item.name)}"
+
+
+def kept_by_ci(item) -> bool:
+  """Whether ``make test`` runs this item (False: marked ``slow``)."""
+  rule = SAMPLED.get(_key(item))
+  if rule is None:
+    return True
+  if callable(rule):
+    return rule(item)
+  return item.callspec.id in rule
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if not kept_by_ci(item):
+      item.add_marker(pytest.mark.slow)
