@@ -348,8 +348,8 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   weight's bytes per 64 features). Decode streams the weight once, so the grid should hold about
   two warpgroups per SM: ``split_k`` doubles while there are fewer than ``2 * num_sms``
   64-feature tiles and each split keeps at least 1024 rows of K (partial sums are reduced by
-  XLA). Without a K split and with more 64/128-feature tiles than one wave of CTAs holds (M <=
-  16), the stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces
+  XLA). Without a K split and with more 64/128-feature tiles than one wave of CTAs holds, the
+  stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces
   the grid.
   """
   per_channel = group_size >= k
@@ -377,11 +377,14 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # split: the last partial wave leaves SMs idle, while stream-K CTAs share the tiles x steps
   # work units equally. H200, g128 (results/w4a16/2026-12-03_s10_probe.json, s8 likewise):
   # 1x8192x28672 (448 tiles, 264 CTAs) -3%, 16x8192x28672 (224 tiles of 128, 132 CTAs) -7%;
-  # where the grid already splits K to fill the SMs (8192x8192) it was 17% slower, and M > 16
-  # was not measured, so those keep the grid.
+  # where the grid already splits K to fill the SMs (8192x8192) it was 17% slower, so those
+  # keep the grid. M = 17..64 (one CTA per SM: x's planes fill the SMEM): 64x8192x28672
+  # 0.1069 -> 0.0952 ms, 32x8192x28672 0.0584 -> 0.0527 (session 18, results/w4a16/
+  # 2026-12-04_s18_probe_m32_64.json).
   per_sm = lambda c: max(1, min(2, SM_SMEM_BYTES // mosaic_smem_bytes(c, m=m, asym=asym)))
-  if split == 1 and mosaic_m_pad(m) <= 16 and -(-n // cfg.block_n) > per_sm(cfg) * num_sms:
-    if not narrow:
+  if split == 1 and mosaic_m_pad(m) <= MOSAIC_MAX_M and (
+      -(-n // cfg.block_n) > per_sm(cfg) * num_sms):
+    if not narrow and mosaic_m_pad(m) <= 16:
       # M = 9..16: four warpgroups sharing x's slice, two stages (one CTA per SM either way):
       # 0.0470 -> 0.0441 ms at 16x8192x28672 (H200, session 10; at M = 1 it was 7% slower).
       wide = fit_mosaic_config(dataclasses.replace(cfg, block_n=256, num_stages=2), m=m, k=k,

@@ -196,14 +196,16 @@ def test_default_config_is_valid(group_size):
     (16, 8192, 28672, 132),    # 224 tiles of 128 (then 256 wide), one CTA per SM (SMEM)
     (1, 8192, 8192, 0),        # the grid splits K to fill the SMs
     (1, 28672, 8192, 0),
-    (64, 8192, 28672, 0),      # not measured above M = 16
+    (32, 8192, 28672, 132),    # M = 17..64: one CTA per SM (x's planes fill the SMEM)
+    (64, 8192, 28672, 132),
+    (64, 28672, 8192, 0),
     (1, 4096, 11008, 0)])      # 172 tiles: one wave
 def test_default_config_stream_k(m, k, n, stream_ctas):
   cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128)
   assert cfg.stream_ctas == stream_ctas
   if stream_ctas:
     assert cfg.split_k == 1
-    assert cfg.block_n == (64 if m <= 8 else 256)
+    assert cfg.block_n == {1: 64, 16: 256}.get(m, cfg.block_n)
     per_sm = stream_ctas // 132
     assert per_sm * mosaic_smem_bytes(cfg, m=m, asym=True) <= 228 * 1024
 

@@ -134,16 +134,16 @@ def test_compiled_stream_k_matches_reference(m, k, n, group_size, block_n, ctas)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 40, 64])
 def test_compiled_default_stream_k_through_the_public_api(m):
   """The defaults at 8192 x 28672 are stream-K (64-feature CTAs at M = 1, 256-feature CTAs
-  with two stages at M = 16), reached as users reach them: ``quant.int4_matmul`` on a weight
-  prepared with the default layout."""
+  with two stages at M = 16, one CTA per SM above), reached as users reach them:
+  ``quant.int4_matmul`` on a weight prepared with the default layout."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
   k, n = 8192, 28672
   cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128)
-  assert cfg.stream_ctas and cfg.block_n == (64 if m == 1 else 256)
+  assert cfg.stream_ctas and cfg.block_n == {1: 64, 16: 256}.get(m, cfg.block_n)
   qw = _weight(k, n, group_size=128, sym=False, act_order=False)
   x = _x(m, k, BF16, seed=m)
   _check(jax.jit(quant.int4_matmul)(x, layout.prepare_mosaic(qw)), x, qw)
