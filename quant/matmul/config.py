@@ -364,8 +364,15 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
   unit = bk if per_channel else max(bk, group_size)
   kp = -(-k // unit) * unit
+  per_sm = lambda c: max(1, min(2, SM_SMEM_BYTES // mosaic_smem_bytes(c, m=m, asym=asym)))
+  # Above 16 rows x's planes make the CTAs large (often one per SM): split K only while the
+  # CTAs still fit one wave. H200, session 18 (results/w4a16/2026-12-04_s18_probe_split_m32_64
+  # .json): 28672 x 8192 at M = 64 / 32 0.0761 -> 0.0726 / 0.0615 -> 0.0585 ms and 8192 x 8192
+  # 0.0269 -> 0.0246 / 0.0225 -> 0.0203 with a split of 2 instead of 4.
+  wave = -(-n // cfg.block_n) if mosaic_m_pad(m) > 16 else None
   split = 1
-  while tiles * split < 2 * num_sms and kp // (2 * split) >= 1024:
+  while (tiles * split < 2 * num_sms if wave is None
+         else wave * 2 * split <= per_sm(cfg) * num_sms) and kp // (2 * split) >= 1024:
     try:
       check_mosaic_shape(dataclasses.replace(cfg, split_k=2 * split), m=m, k=k,
                          group_size=group_size, asym=asym)
@@ -381,7 +388,6 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # keep the grid. M = 17..64 (one CTA per SM: x's planes fill the SMEM): 64x8192x28672
   # 0.1069 -> 0.0952 ms, 32x8192x28672 0.0584 -> 0.0527 (session 18, results/w4a16/
   # 2026-12-04_s18_probe_m32_64.json).
-  per_sm = lambda c: max(1, min(2, SM_SMEM_BYTES // mosaic_smem_bytes(c, m=m, asym=asym)))
   if split == 1 and mosaic_m_pad(m) <= MOSAIC_MAX_M and (
       -(-n // cfg.block_n) > per_sm(cfg) * num_sms):
     if not narrow and mosaic_m_pad(m) <= 16:

@@ -210,6 +210,18 @@ def test_default_config_stream_k(m, k, n, stream_ctas):
     assert per_sm * mosaic_smem_bytes(cfg, m=m, asym=True) <= 228 * 1024
 
 
+@pytest.mark.parametrize("m,k,n,split", [
+    (1, 28672, 8192, 4), (16, 8192, 8192, 4),      # M <= 16: about two warpgroups per SM
+    (64, 28672, 8192, 2), (32, 8192, 8192, 2),     # one CTA per SM: the split fills one wave
+    (24, 28672, 8192, 4)])                         # two CTAs per SM fit at 24 rows
+def test_default_split_k(m, k, n, split):
+  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128)
+  assert cfg.split_k == split
+  if m > 16:
+    per_sm = max(1, min(2, 228 * 1024 // mosaic_smem_bytes(cfg, m=m, asym=True)))
+    assert -(-n // cfg.block_n) * split <= per_sm * 132
+
+
 def test_fit_lowers_stages_to_fit_smem():
   cfg = fit_mosaic_config(MosaicConfig(block_k=512, num_stages=8), m=64, k=4096, group_size=128)
   assert cfg.num_stages < 8 and mosaic_smem_bytes(cfg, m=64, asym=True) <= SMEM_BYTES
