@@ -35,19 +35,23 @@ def _rotate(item) -> bool:
 
 SAMPLED: dict = {
     "pallas_attn/test_mosaic_config.py::test_fused_dq_backward_matches_reference_in_interpret_mode":
-        {"consumers-h64_alternate_steps-window_softcap_seg_len", "dq_writer-h128_split_columns-causal",
-         "dq_lag-h64_alternate_steps-full"},
-    "pallas_attn/test_mosaic_config.py::test_backward_tiles_differ_between_dq_and_dkdv_in_interpret_mode":
+        {"consumers-h64_alternate_steps-window_softcap_seg_len",
+         "dq_writer-h128_split_columns-causal", "dq_lag-h64_alternate_steps-full"},
+    "pallas_attn/test_mosaic_config.py::"
+    "test_backward_tiles_differ_between_dq_and_dkdv_in_interpret_mode":
         {"window_softcap"},
-    "pallas_attn/test_mosaic_config.py::test_tuned_persistent_forward_matches_reference_in_interpret_mode":
+    "pallas_attn/test_mosaic_config.py::"
+    "test_tuned_persistent_forward_matches_reference_in_interpret_mode":
         {"12tiles-causal", "10tiles-window_softcap"},
     "pallas_attn/test_mosaic_config.py::test_dynamic_schedule_matches_reference_in_interpret_mode":
         {"causal-12tiles-bkv128", "window_softcap-10tiles"},
     "pallas_attn/test_mosaic_config.py::test_compiled_backward_lowers_for_sm90": _rotate,
     "pallas_attn/test_mosaic_config.py::test_compiled_form_lowers_for_sm90": _rotate,
-    "pallas_attn/test_mosaic_backward_split.py::test_split_backward_matches_reference_in_interpret_mode":
+    "pallas_attn/test_mosaic_backward_split.py::"
+    "test_split_backward_matches_reference_in_interpret_mode":
         {"causal_softcap", "window_seg_len"},
-    "pallas_attn/test_mosaic_lazy_rescale.py::test_lazy_forward_matches_reference_in_interpret_mode":
+    "pallas_attn/test_mosaic_lazy_rescale.py::"
+    "test_lazy_forward_matches_reference_in_interpret_mode":
         {"h256_growing", "h64_mixed_window_seg"},
     "pallas_attn/test_mosaic_v_stages.py::test_split_rings_match_plain_forward_in_interpret_mode":
         {"h64_k2v1_window_seg"},
@@ -57,9 +61,11 @@ SAMPLED: dict = {
         {"window_softcap"},
     "pallas_attn/test_mosaic_sum_in_pv.py::test_sum_in_pv_is_bitwise_the_default_in_interpret_mode":
         {"segments", "window_softcap_kvlen_h128"},
-    "pallas_attn/test_mosaic_fastexp.py::test_forward_with_poly_exponentials_matches_reference_in_interpret_mode":
+    "pallas_attn/test_mosaic_fastexp.py::"
+    "test_forward_with_poly_exponentials_matches_reference_in_interpret_mode":
         {"window_softcap_h128"},
-    "pallas_attn/test_mosaic_blocks.py::test_narrow_swizzle_blocks_match_the_reference_in_interpret_mode":
+    "pallas_attn/test_mosaic_blocks.py::"
+    "test_narrow_swizzle_blocks_match_the_reference_in_interpret_mode":
         {"176-segments", "96-window_softcap_kvlen_h128"},
 }
 

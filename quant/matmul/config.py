@@ -224,16 +224,18 @@ class MosaicConfig:
   ``fold_zero``.
   ``mma_sync`` (with ``registers_a``): at M <= 16 (x padded to 8 or 16 rows) multiply each
   dequantized plane by x with warp-level ``mma.sync.m16n8k16`` (N = 8 native: Marlin's
-  instruction; two chains at 16 rows) instead of ``m64 nN k16`` wgmmas, x's planes stored in fragment order by XLA
-  (``mma_sync.py``; interpret mode emulates the product from the same buffer). For block_k
+  instruction; two chains at 16 rows) instead of ``m64 nN k16`` wgmmas, x's planes stored in
+  fragment order by XLA (``mma_sync.py``; interpret mode emulates the product from the same
+  buffer). For block_k
   256 / 512; ignored with ``registers_a=False`` (the planes then go through SMEM to a
   wgmma), ``pipeline``, ``fold_zero``, ``direct_io`` or more than 16 rows, so that
   ``dataclasses.replace(default, registers_a=False)`` stays a valid config.
   Why: on the H200 the N = 8 wgmma runs at 241-281 TFLOP/s and mma.sync at 641-649
   (``benchmarks/wgmma_probe.py``, session 18). Measured: 1 x 8192 x 28672 (stream-K, 512-row
   steps) 0.0411 -> 0.0377 ms, 8 x 8192 x 28672 0.0410 -> 0.0385; but with 256-row steps
-  (the grid shapes 8192 x 8192 and 28672 x 8192) 15-20% slower, so ``default_mosaic_config``
-  turns it on only for 512-row stream-K steps (benchmarks/NOTES.md, session 18).
+  (the grid shapes 8192 x 8192 and 28672 x 8192) 15-20% slower, and at 16 rows 2-5% slower
+  (N = 16 wgmmas run at 464-603 TFLOP/s), so ``default_mosaic_config`` turns it on only for
+  x's 8 rows on 512-row stream-K steps (benchmarks/NOTES.md, session 18).
   """
   block_n: int = 128
   block_k: int = 512
@@ -348,9 +350,9 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   weight's bytes per 64 features). Decode streams the weight once, so the grid should hold about
   two warpgroups per SM: ``split_k`` doubles while there are fewer than ``2 * num_sms``
   64-feature tiles and each split keeps at least 1024 rows of K (partial sums are reduced by
-  XLA). Without a K split and with more 64/128-feature tiles than one wave of CTAs holds, the
-  stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces
-  the grid.
+  XLA); above 16 rows, where x's planes make the CTAs large, only while the CTAs fit one
+  wave. Without a K split and with more 64/128-feature tiles than one wave of CTAs holds, the
+  stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces the grid.
   """
   per_channel = group_size >= k
   bk = mosaic_layout.default_block_k(k, n, group_size)

@@ -2,11 +2,14 @@
 
 At M <= 16 the wgmma form multiplies each dequantized plane ``[64, span2]`` (A, registers) by
 x's plane ``[m_pad, span2]`` (B, shared memory; m_pad 8 or 16) as ``m64 nN k16`` instructions,
-N = 8 the narrowest a wgmma has. Marlin's decode kernels use Ampere's warp-level ``mma.sync.m16n8k16`` instead, whose N = 8
-is native. This module is that form, written as inline PTX (``plgpu.inline_mgpu``). The Mosaic
-GPU interpreter runs no PTX: interpret mode computes the same product with jnp from the same
-fragment-ordered x buffer (``plane_product(..., emulate=True)``), so everything but the PTX
-itself (x's permutation, the padded ring, the kernels' plumbing) is checked on CPU.
+N = 8 the narrowest a wgmma has. Marlin's decode kernels use Ampere's warp-level
+``mma.sync.m16n8k16`` instead, whose N = 8 is native. This module is that form, written as
+inline PTX (``plgpu.inline_mgpu``). The Mosaic GPU interpreter runs no PTX: interpret mode
+computes the same product with jnp from the same fragment-ordered x buffer
+(``plane_product(..., emulate=True)``), so everything but the PTX itself (x's permutation, the
+padded ring, the kernels' plumbing) is checked on CPU. On the H200 (session 18) it is the
+default for x's 8 rows on 512-row stream-K steps, where it measured 6-8% faster; with 64-column
+planes and at 16 rows it measured slower (``MosaicConfig``'s docstring).
 
 Fragments (PTX ISA, ``mma.m16n8k16`` with .bf16 / .f16, row.col), g = lane / 4, t = lane % 4:
   A (16 x 16, per warp): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..),
@@ -121,9 +124,10 @@ def plane_product(vals, x_plane, acc, *, emulate: bool = False):
   weight rows of this warpgroup), x_plane an SMEM ref ``[8, pitch]`` (fragment order), acc a
   float32 ``[64, 8]`` WGMMA tile. Each warp runs its 16 rows as ``span2 / 16`` chained
   ``mma.sync.m16n8k16`` (float32 accumulate) per 8 rows of x (x_plane ``[16, pitch]`` and acc
-  ``[64, 16]`` at m_pad 16: two independent chains). ``emulate`` (interpret mode, which runs no PTX):
-  the same product with jnp from the same fragment-ordered buffer, so that the x permutation,
-  the padded ring and the kernel's plumbing are checked on CPU; only the PTX is not."""
+  ``[64, 16]`` at m_pad 16: two independent chains). ``emulate`` (interpret mode, which runs
+  no PTX): the same product with jnp from the same fragment-ordered buffer, so that the x
+  permutation, the padded ring and the kernel's plumbing are checked on CPU; only the PTX is
+  not."""
   span2, rows = vals.shape[1], x_plane.shape[0]
   if span2 not in SPANS:
     raise NotImplementedError(f"mma_sync serves planes of {SPANS} columns, got {span2}")
