@@ -71,13 +71,20 @@ def permute_planes(xt: jnp.ndarray) -> jnp.ndarray:
   span2 = xt.shape[-1]
   if span2 not in SPANS:
     raise ValueError(f"span2 must be one of {SPANS}, got {span2}")
-  # ``source_columns`` as a transpose: column 32 v + 16 jj + 8 h + 2 t + l is stored at
-  # 32 v + 8 t + 4 jj + 2 h + l. A reshape + transpose (not a gather, which XLA ran as its own
-  # kernel: +2 us a call at M = 1, 8192 x 8192, session 18) fuses into the planes' transpose.
   lead = xt.shape[:-1]
-  out = xt.reshape(*lead, span2 // 32, 2, 2, 4, 2)
-  out = jnp.moveaxis(out, -2, -4).reshape(*lead, span2)
-  return jnp.pad(out, [(0, 0)] * len(lead) + [(0, PAD)])
+  return jnp.pad(fragment_order(xt), [(0, 0)] * len(lead) + [(0, PAD)])
+
+
+def fragment_order(x: jnp.ndarray, *, inverse: bool = False) -> jnp.ndarray:
+  """``source_columns`` on the last axis as a reshape + transpose: column
+  32 v + 16 jj + 8 h + 2 t + l is stored at 32 v + 8 t + 4 jj + 2 h + l (``inverse``: back).
+  Not a gather: XLA ran that as a kernel of its own (+2 us a call at M = 1, 8192 x 8192,
+  session 18), and a Mosaic GPU kernel (the interpret-mode product) cannot close over its
+  index array; the transpose fuses into the planes' transpose."""
+  lead, span2 = x.shape[:-1], x.shape[-1]
+  if inverse:                                           # (v, t, jj, h, l) -> (v, jj, h, t, l)
+    return jnp.moveaxis(x.reshape(*lead, span2 // 32, 4, 2, 2, 2), -4, -2).reshape(x.shape)
+  return jnp.moveaxis(x.reshape(*lead, span2 // 32, 2, 2, 4, 2), -2, -4).reshape(x.shape)
 
 
 def thread_chunk_offsets(span2: int, g: int, t: int) -> list[int]:
@@ -134,10 +141,7 @@ def plane_product(vals, x_plane, acc, *, emulate: bool = False):
   if rows not in ROWS:
     raise NotImplementedError(f"mma_sync serves {ROWS} rows of x, got {rows}")
   if emulate:
-    # Fragment order -> plane columns: stored element 32 v + 8 t + 4 jj + 2 h + l holds
-    # column 32 v + 16 jj + 8 h + 2 t + l (``source_columns``), a transpose of 2 x 2 x 4 blocks.
-    x = x_plane[...][:, :span2].astype(jnp.float32).reshape(rows, span2 // 32, 4, 2, 2, 2)
-    x = x.transpose(0, 1, 3, 4, 2, 5).reshape(rows, span2)
+    x = fragment_order(x_plane[...][:, :span2].astype(jnp.float32), inverse=True)
     return acc + jnp.dot(vals.astype(jnp.float32), x.T, preferred_element_type=jnp.float32)
   kind = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "f16"}[jnp.dtype(vals.dtype)]
 
