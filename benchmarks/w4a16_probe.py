@@ -61,7 +61,7 @@ import timing  # noqa: E402
 from quant.matmul import layout  # noqa: E402
 from quant.matmul import mosaic as w4  # noqa: E402
 from quant.matmul import mosaic_stream as w4_stream  # noqa: E402
-from quant.matmul.config import default_mosaic_config  # noqa: E402
+from quant.matmul.config import default_mosaic_config, fit_mosaic_config  # noqa: E402
 
 SHAPES = ((1, 8192, 28672), (1, 8192, 8192), (16, 8192, 28672))
 L2_BYTES = 60e6
@@ -171,6 +171,16 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # Session 18, M = 64 on the split-K grid: half the split (one wave of one-CTA-per-SM CTAs),
     # and base timed again last (the first variant of a row runs ~5% slow).
     ("split_half", "base", lambda cfg: dict(split_k=max(1, cfg.split_k // 2))),
+    # Session 19: partials stored from registers (MosaicConfig.out_registers), which frees the
+    # output tile's SMEM for wider CTAs (x's planes read from L2 once per 128 / 256 features).
+    ("oreg", "base", dict(out_registers=True)),
+    ("wide_oreg", "base", dict(block_n=128, num_stages=2, out_registers=True)),
+    ("n256_oreg", "base", lambda cfg: dict(block_n=256, num_stages=3, out_registers=True,
+                                           split_k=2 * cfg.split_k if cfg.split_k > 1 else 1)),
+    ("n256_s2_oreg", "base", dict(block_n=256, num_stages=2, out_registers=True)),
+    ("s4_oreg", "base", dict(num_stages=4, out_registers=True)),
+    ("bk256_n128_oreg", "base", dict(layout_block_k=256, num_stages=4, block_n=128,
+                                     out_registers=True)),
     ("base_again", "base", {}),
 )
 
@@ -241,6 +251,8 @@ def main() -> int:
       saved = _apply(patch)
       entry = {}
       try:
+        entry["config"] = dataclasses.asdict(fit_mosaic_config(cfg, m=m, k=k, group_size=128,
+                                                               n=n))
         jax.clear_caches()
         one = jax.jit(lambda x, w: w4.int4_matmul(x, w, config=cfg, **interp))
         fn = jax.jit(lambda x, ws: [w4.int4_matmul(x, w, config=cfg, **interp) for w in ws])

@@ -236,6 +236,13 @@ class MosaicConfig:
   (the grid shapes 8192 x 8192 and 28672 x 8192) 15-20% slower, and at 16 rows 2-5% slower
   (N = 16 wgmmas run at 464-603 TFLOP/s), so ``default_mosaic_config`` turns it on only for
   x's 8 rows on 512-row stream-K steps (benchmarks/NOTES.md, session 18).
+  ``out_registers``: each warpgroup stores its float32 partial ``[64, m_pad]`` straight from
+  registers to HBM (each thread two adjacent columns, 8 bytes, of 4 rows: full 32-byte sectors)
+  instead of through an output tile in SMEM and a TMA store. The tile is ``block_n * m_pad * 4``
+  bytes, 32 KB at 64 rows with 128 features: what keeps a second 101 KB ring stage (512-row
+  steps) or a third (256-row steps, 256 features) out of the SMEM, and so what forces 64-feature
+  CTAs at M = 57..64, which read x's planes from L2 twice as often. Ignored where the kernel
+  writes y itself (``direct_io``; its tile is then counted anyway).
   """
   block_n: int = 128
   block_k: int = 512
@@ -248,6 +255,7 @@ class MosaicConfig:
   stream_ctas: int = 0
   late_zero: bool = False
   mma_sync: bool = False
+  out_registers: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -272,8 +280,8 @@ def mosaic_m_pad(m: int) -> int:
 
 
 def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
-  """Shared memory of one CTA: the TMA ring, the output tile and, when the dequantized planes
-  are staged through SMEM (``registers_a=False``), two of them."""
+  """Shared memory of one CTA: the TMA ring, the output tile (none with ``out_registers``) and,
+  when the dequantized planes are staged through SMEM (``registers_a=False``), two of them."""
   span2, mp, bn = cfg.block_k // MOSAIC_PLANES, mosaic_m_pad(m), cfg.block_n
   # int16 weight tile, the planes of x, scale rows (at most one group per plane, float32 scales
   # at worst) and bf16 zero points.
@@ -282,7 +290,8 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
   if cfg.mma_sync and cfg.registers_a:         # x rows padded by 32 elements (mma_sync.PAD)
     per_stage += MOSAIC_PLANES * mp * 32 * 2
-  return cfg.num_stages * per_stage + planes + bn * mp * 4 + 1024
+  out_tile = 0 if cfg.out_registers and not cfg.direct_io else bn * mp * 4
+  return cfg.num_stages * per_stage + planes + out_tile + 1024
 
 
 def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
@@ -398,6 +407,16 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
       wide = fit_mosaic_config(dataclasses.replace(cfg, block_n=256, num_stages=2), m=m, k=k,
                                group_size=group_size, asym=asym, n=n)
       cfg = wide if wide.block_n == 256 else cfg
+    # M = 57..64 on 512-row steps: the output tile in SMEM is what leaves room for 64-feature
+    # CTAs only (x's planes then read from L2 once per 64 features); with the partials stored
+    # from registers two warpgroups share x over two stages. H200, session 19 (results/w4a16/
+    # 2026-12-04_s19_call1_m64_stream.json): 64 x 8192 x 28672 0.0951 -> 0.0727 ms, though the
+    # register stores alone cost 3% (0.0951 -> 0.0980 with the same 64-feature CTAs).
+    if mosaic_m_pad(m) > 16 and cfg.block_n == 64:
+      wide = fit_mosaic_config(dataclasses.replace(cfg, block_n=128, num_stages=2,
+                                                   out_registers=True),
+                               m=m, k=k, group_size=group_size, asym=asym, n=n)
+      cfg = wide if wide.block_n == 128 else cfg
     cfg = dataclasses.replace(cfg, stream_ctas=per_sm(cfg) * num_sms)
     # mma.sync for x's 8 rows where its steps are 512 rows (above); the ring it pads must still
     # fit as many CTAs per SM.

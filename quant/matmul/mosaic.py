@@ -117,6 +117,8 @@ class Statics:
   direct_out: bool = False    # y [M, N] in x's dtype stored by the kernel (split_k = 1, no
                               # bias): no XLA slice / transpose / cast after it
   mma_sync: bool = False      # planes times x by warp-level mma.sync (m_pad 8, 16; mma_sync.py)
+  out_registers: bool = False  # float32 partials stored from registers to GMEM (8-byte stores):
+                               # no output tile in SMEM (``MosaicConfig.out_registers``)
 
   @property
   def span2(self) -> int:
@@ -232,12 +234,14 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   column sums over each group's piece of a step, see ``x_sums``), o float32 ``[split_k, Np,
   m_pad]`` (with ``st.direct_out``: y itself, ``[M, N]`` in x's dtype). Scratch: the TMA ring
   (codes, x, scales, zeros, x sums), two dequantized planes (``registers_a=False`` only) and an
-  output tile per warpgroup, and the ``ready`` / ``free`` barriers of each ring slot.
+  output tile per warpgroup (none with ``st.out_registers``), and the ``ready`` / ``free``
+  barriers of each ring slot.
   """
   w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg = lax.axis_index("wg")
-  planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
+  planes = None if planes2 is None else planes2.at[wg]
+  o_smem = None if o_smem2 is None else o_smem2.at[wg]
   n0 = lax.axis_index("n") * (BN * wgs)
   t_base = lax.axis_index("k") * st.steps          # first global step of this split
   rows_per_scale = st.seg // st.block_k if st.long_groups else 1
@@ -429,6 +433,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     o_smem.T[...] = total.astype(st.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[pl.ds(0, st.m_pad), pl.ds(n0 + wg * BN, BN)])
+  elif st.out_registers:
+    o_ref.at[lax.axis_index("k"), pl.ds(n0 + wg * BN, BN)][...] = total
   else:
     o_smem[...] = total
     plgpu.commit_smem()
@@ -490,7 +496,7 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
   out_type = (jax.ShapeDtypeStruct(out_shape, st.dtype) if st.direct_out
               else jax.ShapeDtypeStruct((split_k, np_, st.m_pad), jnp.float32))
   o_tile = (plgpu.SMEM((wgs, st.m_pad, BN), st.dtype) if st.direct_out
-            else plgpu.SMEM((wgs, BN, st.m_pad), jnp.float32))
+            else None if st.out_registers else plgpu.SMEM((wgs, BN, st.m_pad), jnp.float32))
   tiled = _tiled(span2)
   x_ring = (plgpu.SMEM((stages, PLANES, st.m_pad, mma_sync.pitch(span2)), st.dtype)
             if st.mma_sync else                                   # fragment order, padded rows
@@ -677,6 +683,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
       and not (direct_x or st.pipeline or st.fold_zero)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
+  st = dataclasses.replace(st, out_registers=cfg.out_registers and not direct_out)
   plan = None
   if stream:
     from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel

@@ -106,7 +106,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
   w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
-  planes, o_smem = (None if planes2 is None else planes2.at[wg]), o_smem2.at[wg]
+  planes = None if planes2 is None else planes2.at[wg]
+  o_smem = None if o_smem2 is None else o_smem2.at[wg]
   units, steps, ctas = plan.units, plan.steps, plan.ctas
   u0 = lax.div(cta * units, ctas)
   count = lax.div((cta + 1) * units, ctas) - u0      # L or L + 1 units
@@ -204,10 +205,14 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     def _store():
       start = jnp.where(tile == first_tile, first_step, 0)
       part = jnp.where(start == 0, 0, 1 + lax.div(start - 1, plan.per_cta))
+      dst = o_ref.at[part, pl.ds(tile * (BN * wgs) + wg * BN, BN)]
+      if o_smem is None:                   # st.out_registers: 8-byte stores straight to GMEM
+        dst[...] = total
+        return
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last store has left o_smem
       o_smem[...] = total
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem, o_ref.at[part, pl.ds(tile * (BN * wgs) + wg * BN, BN)])
+      plgpu.copy_smem_to_gmem(o_smem, dst)
     # Restart the sum for the next segment. (Mosaic's select does not broadcast a scalar
     # predicate implicitly; a multiply by 0 would carry a NaN / inf of one tile into the next.)
     restart = plgpu.layout_cast(jnp.broadcast_to(ends, total.shape), plgpu.Layout.WGMMA)

@@ -15,7 +15,8 @@ import pytest
 import quant
 from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
-from quant.matmul.config import MosaicConfig, default_mosaic_config
+from quant.matmul.config import (MosaicConfig, SMEM_BYTES, default_mosaic_config,
+                                 mosaic_smem_bytes)
 from test_int4_matmul_mosaic import BF16, _abstract_weight, _lowered_text
 from test_int4_matmul_triton import _check, _weight, _x
 
@@ -333,3 +334,78 @@ def test_x_sum_slots_are_128_byte_aligned(m_pad, gps, rows):
                          sym=False, zero=8.0, dtype=BF16, magic_bits=0x4300, magic=128.0)
   assert st.groups_per_step == gps
   assert w4_mosaic.xs_rows(st) == rows and rows * m_pad * 4 % 128 == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Partials stored from registers (MosaicConfig.out_registers): no output tile in SMEM
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m,k,n,group_size,config", [
+    (3, 1024, 192, 128, MosaicConfig(block_n=64, block_k=256, num_stages=2, split_k=2)),
+    (5, 1024, 192, 128, MosaicConfig(block_n=64, block_k=256, num_stages=2, stream_ctas=5)),
+], ids=["grid_split2", "stream5"])
+def test_out_registers_is_bitwise_equal(m, k, n, group_size, config):
+  """Where the partials go (a TMA store from an SMEM tile, or 8-byte stores from registers)
+  changes nothing in the sums: grid with two K splits, stream-K with segments across tiles."""
+  qw = _weight(k, n, group_size=group_size, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m + 2)
+  outs = [w4_mosaic.int4_matmul(x, qw, interpret=True,
+                                config=dataclasses.replace(config, out_registers=r))
+          for r in (False, True)]
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
+  _check(outs[1], x, qw)
+
+
+def test_out_registers_frees_the_output_tile():
+  """At 64 rows the 32 KB tile of a 128-feature CTA is what keeps a second 512-row stage out."""
+  wide = MosaicConfig(block_n=128, block_k=512, num_stages=2)
+  tile = 128 * 64 * 4
+  assert mosaic_smem_bytes(wide, m=64, asym=True) > SMEM_BYTES
+  freed = dataclasses.replace(wide, out_registers=True)
+  assert mosaic_smem_bytes(freed, m=64, asym=True) == (
+      mosaic_smem_bytes(wide, m=64, asym=True) - tile) <= SMEM_BYTES
+  # direct_io writes y through its own tile, which stays counted.
+  both = dataclasses.replace(freed, direct_io=True)
+  assert mosaic_smem_bytes(both, m=64, asym=True) == mosaic_smem_bytes(wide, m=64, asym=True)
+
+
+@pytest.mark.parametrize("config", [
+    MosaicConfig(block_n=128, block_k=512, num_stages=2, stream_ctas=132, out_registers=True),
+    MosaicConfig(block_n=256, block_k=256, num_stages=3, split_k=2, out_registers=True),
+], ids=["stream_wg2", "grid_wg4"])
+def test_out_registers_lowers_to_mosaic_gpu_for_h200(config):
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  k, n = (8192, 28672) if config.block_k == 512 else (8192, 8192)
+  qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=config.block_k), qw)
+  text = _lowered_text(jax.ShapeDtypeStruct((64, k), BF16), mw, config)
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,config", [
+    (64, 8192, 28672, MosaicConfig(block_n=128, block_k=512, num_stages=2, stream_ctas=132,
+                                   out_registers=True)),
+    (64, 8192, 8192, MosaicConfig(block_n=256, block_k=256, num_stages=3, split_k=2,
+                                  out_registers=True)),
+    (57, 2048, 640, MosaicConfig(block_n=128, block_k=256, num_stages=4, split_k=2,
+                                 out_registers=True)),
+    (1, 4096, 1024, MosaicConfig(block_n=64, block_k=512, num_stages=4, stream_ctas=50,
+                                 mma_sync=True, out_registers=True)),
+], ids=["m64_stream_wg2", "m64_grid_wg4", "m57_grid", "m1_mma_sync_stream"])
+def test_compiled_out_registers_matches_reference(m, k, n, config):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(k, n, group_size=128, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  b = _x(1, n, BF16, seed=4)[0]
+  mw = layout.prepare_mosaic(qw, block_k=config.block_k)
+  y = w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=config)
+  _check(y, x, qw, b)
+  # Where the form without it fits the SMEM unchanged, the bits must be the same.
+  plain = dataclasses.replace(config, out_registers=False)
+  if mosaic_smem_bytes(plain, m=m, asym=True) <= SMEM_BYTES:
+    y0 = w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=plain)
+    np.testing.assert_array_equal(np.asarray(y0, np.float32), np.asarray(y, np.float32))
