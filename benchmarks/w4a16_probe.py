@@ -181,6 +181,11 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     ("s4_oreg", "base", dict(num_stages=4, out_registers=True)),
     ("bk256_n128_oreg", "base", dict(layout_block_k=256, num_stages=4, block_n=128,
                                      out_registers=True)),
+    # Without the output tile, 256-row steps at 32-64 rows fit two CTAs per SM (four
+    # warpgroups dequantizing): the K split doubled to fill them.
+    ("oreg_split2x", "base", lambda cfg: dict(out_registers=True, split_k=2 * cfg.split_k)),
+    ("s2_oreg_split2x", "base", lambda cfg: dict(num_stages=2, out_registers=True,
+                                                 split_k=2 * cfg.split_k)),
     ("base_again", "base", {}),
 )
 
