@@ -186,6 +186,10 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     ("oreg_split2x", "base", lambda cfg: dict(out_registers=True, split_k=2 * cfg.split_k)),
     ("s2_oreg_split2x", "base", lambda cfg: dict(num_stages=2, out_registers=True,
                                                  split_k=2 * cfg.split_k)),
+    # Session 19: groups sharing one wgmma scope (MosaicConfig.acc_columns; the stream-K kernel
+    # had one scope per group until then: scope1 is that form).
+    ("scope1", "base", dict(acc_columns=8)), ("acc128", "base", dict(acc_columns=128)),
+    ("acc256", "base", dict(acc_columns=256)),
     ("base_again", "base", {}),
 )
 

@@ -239,10 +239,17 @@ class MosaicConfig:
   ``out_registers``: each warpgroup stores its float32 partial ``[64, m_pad]`` straight from
   registers to HBM (each thread two adjacent columns, 8 bytes, of 4 rows: full 32-byte sectors)
   instead of through an output tile in SMEM and a TMA store. The tile is ``block_n * m_pad * 4``
-  bytes, 32 KB at 64 rows with 128 features: what keeps a second 101 KB ring stage (512-row
-  steps) or a third (256-row steps, 256 features) out of the SMEM, and so what forces 64-feature
-  CTAs at M = 57..64, which read x's planes from L2 twice as often. Ignored where the kernel
-  writes y itself (``direct_io``; its tile is then counted anyway).
+  bytes, 32 KB at 64 rows with 128 features: what keeps a second 101 KB ring stage of 512-row
+  steps out of the SMEM, and so what forces 64-feature CTAs at M = 57..64, which read x's
+  planes from L2 twice as often. H200 (session 19): the stores alone cost 3% (same CTAs), the
+  128-feature CTAs they allow save 24% at 64 x 8192 x 28672, so ``default_mosaic_config`` uses
+  it there only. Ignored where the kernel writes y itself (``direct_io``; its tile is then
+  counted anyway).
+  ``acc_columns``: how many float32 columns of group accumulators (``m_pad`` each, so
+  ``acc_columns / 2`` registers a thread) one wgmma scope keeps live. A step's groups share a
+  scope, and so one ``wgmma_wait``, up to that budget: the dequant of a group's plane then
+  runs while the previous group's wgmmas do, instead of after a wait per group. 64 (the
+  default) is 4 groups at 16 rows, 1 at 64.
   """
   block_n: int = 128
   block_k: int = 512
@@ -256,6 +263,7 @@ class MosaicConfig:
   late_zero: bool = False
   mma_sync: bool = False
   out_registers: bool = False
+  acc_columns: int = 64
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -269,6 +277,10 @@ class MosaicConfig:
     if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or not (
         1 <= self.split_k <= 64):
       raise ValueError(f"MosaicConfig.split_k must be an int in [1, 64], got {self.split_k!r}")
+    if not isinstance(self.acc_columns, int) or isinstance(self.acc_columns, bool) or not (
+        8 <= self.acc_columns <= 256):
+      raise ValueError(f"MosaicConfig.acc_columns must be an int in [8, 256], got "
+                       f"{self.acc_columns!r}")
     if not isinstance(self.stream_ctas, int) or isinstance(self.stream_ctas, bool) or (
         self.stream_ctas < 0):
       raise ValueError(f"MosaicConfig.stream_ctas must be an int >= 0, got {self.stream_ctas!r}")

@@ -80,7 +80,7 @@ from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_p
 _MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6400, 1024.0)}
 PLANES = layout.PLANES
 BN = layout.TILE_N
-ACC_COLUMNS = 64       # register budget of the live group accumulators (float32 columns)
+ACC_COLUMNS = 64       # default budget of live group accumulators (``MosaicConfig.acc_columns``)
 PIPELINE_REGISTERS = 96   # per-thread budget of the pipelined loop's float32 tiles
 
 
@@ -117,6 +117,7 @@ class Statics:
   direct_out: bool = False    # y [M, N] in x's dtype stored by the kernel (split_k = 1, no
                               # bias): no XLA slice / transpose / cast after it
   mma_sync: bool = False      # planes times x by warp-level mma.sync (m_pad 8, 16; mma_sync.py)
+  acc_columns: int = ACC_COLUMNS   # float32 columns of group accumulators live in one scope
   out_registers: bool = False  # float32 partials stored from registers to GMEM (8-byte stores):
                                # no output tile in SMEM (``MosaicConfig.out_registers``)
 
@@ -136,8 +137,9 @@ class Statics:
 
   @property
   def groups_per_scope(self) -> int:
-    """Group accumulators live at once: at most 64 float32 columns (32 registers a thread)."""
-    return max(1, min(self.groups_per_step, ACC_COLUMNS // self.m_pad))
+    """Group accumulators live at once (sharing one wgmma wait): at most ``acc_columns``
+    float32 columns (``acc_columns / 2`` registers a thread)."""
+    return max(1, min(self.groups_per_step, self.acc_columns // self.m_pad))
 
   @property
   def pipeline_fits(self) -> bool:
@@ -661,7 +663,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                paired=not static.interpret,
                fold_zero=not static.interpret and cfg.registers_a and cfg.fold_zero,
                pipeline=(not static.interpret and cfg.registers_a and cfg.pipeline
-                         and not cfg.fold_zero))
+                         and not cfg.fold_zero), acc_columns=cfg.acc_columns)
   # ``direct_io`` (opt-in): the TMA unit reads x [M, K] and writes y [M, N] in place of XLA's
   # pad/transpose before the kernel and slice/transpose/cast after it (two small launches,
   # ~1.2-1.7 us each on the H200 at M = 1), but the kernel's four x boxes per step cost about

@@ -155,36 +155,48 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     return lax.broadcast_in_dim((z + st.magic).astype(st.dtype), (BN, span2), [0])
 
   def scaled_step(t, total):
-    """total + sum_g s_g * (codes - z_g) x of unit t (one wgmma scope per group)."""
+    """total + sum_g s_g * (codes - z_g) x of unit t; a step's groups share a wgmma scope (one
+    wait) while their accumulators fit ``st.acc_columns``, as in the grid kernel."""
     prefetch(t)
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
     codes = plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
     per_group = PLANES // gps
-    for g in range(gps):
-      zero = None if st.late_zero else zero_of(slot, g)
 
-      def mma(acc_ref, g=g, zero=zero):
+    def mma(*acc_refs, groups, zeros):
+      for i, (g, zero) in enumerate(zip(groups, zeros)):
         for j in range(per_group):
           p = g * per_group + j
           # (B + q) - (B + z) = q - z, exact; or B + q, its offset taken off below (late_zero)
           vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
           if st.registers_a:
-            plgpu.wgmma(acc_ref, vals, x_ring.at[slot, p].transpose((1, 0)))
+            plgpu.wgmma(acc_refs[i], vals, x_ring.at[slot, p].transpose((1, 0)))
             continue
-          if j >= 2:
+          if i * per_group + j >= 2:
             plgpu.wgmma_wait(1)                    # plane p - 2's buffer has been read
           planes[p % 2] = vals
           plgpu.commit_smem()
-          plgpu.wgmma(acc_ref, planes.at[p % 2], x_ring.at[slot, p].transpose((1, 0)))
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
-      part = (mma_sync_group(codes, zero, x_ring.at[slot], g, st) if st.mma_sync
-              else pl.run_scoped(mma, plgpu.ACC((BN, st.m_pad), jnp.float32)))
+          plgpu.wgmma(acc_refs[i], planes.at[p % 2], x_ring.at[slot, p].transpose((1, 0)))
+      plgpu.wgmma_wait(0)
+      return [acc[...] for acc in acc_refs]
+
+    def add(total, g, part):
       if st.late_zero:
         part = part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
       s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
-      total = total + lax.broadcast_in_dim(s, (BN, st.m_pad), [0]) * part
+      return total + lax.broadcast_in_dim(s, (BN, st.m_pad), [0]) * part
+
+    zero = lambda g: None if st.late_zero else zero_of(slot, g)
+    if st.mma_sync:                                # no wgmma: registers in, registers out
+      for g in range(gps):
+        total = add(total, g, mma_sync_group(codes, zero(g), x_ring.at[slot], g, st))
+    for g0 in ([] if st.mma_sync else range(0, gps, st.groups_per_scope)):
+      groups = tuple(range(g0, min(gps, g0 + st.groups_per_scope)))
+      accs = [plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in groups]
+      parts = pl.run_scoped(functools.partial(mma, groups=groups,
+                                              zeros=[zero(g) for g in groups]), *accs)
+      for g, part in zip(groups, parts):           # scaled as each scope completes
+        total = add(total, g, part)
     if wgs > 1:
       plgpu.barrier_arrive(free.at[slot])
     return total

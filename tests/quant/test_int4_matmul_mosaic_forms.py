@@ -101,6 +101,21 @@ def test_stream_k_with_one_segment_per_tile_is_bitwise_equal_to_the_grid():
   np.testing.assert_array_equal(np.asarray(grid, np.float32), np.asarray(stream, np.float32))
 
 
+@pytest.mark.parametrize("kernel", ["grid", "stream"])
+def test_groups_per_scope_is_bitwise_neutral(kernel):
+  """``MosaicConfig.acc_columns`` decides how many groups share one wgmma wait, not the sums:
+  four groups of 64 rows per 256-row step, one scope per group against one for all four."""
+  m, k, n = 3, 1024, 192
+  qw = _weight(k, n, group_size=64, sym=False, act_order=False)
+  x = _x(m, k, BF16, seed=9)
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2,
+                     stream_ctas=5 if kernel == "stream" else 0)
+  outs = [w4_mosaic.int4_matmul(x, qw, interpret=True,
+                                config=dataclasses.replace(cfg, acc_columns=a)) for a in (8, 64)]
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
+  _check(outs[1], x, qw)
+
+
 @pytest.mark.parametrize("m,k,n,group_size,sym,config", [
     (1, 8192, 28672, 128, False, MosaicConfig(block_n=64, num_stages=4, stream_ctas=264)),
     (16, 8192, 28672, 128, False, MosaicConfig(block_n=128, num_stages=3, stream_ctas=264)),
