@@ -663,7 +663,9 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                paired=not static.interpret,
                fold_zero=not static.interpret and cfg.registers_a and cfg.fold_zero,
                pipeline=(not static.interpret and cfg.registers_a and cfg.pipeline
-                         and not cfg.fold_zero), acc_columns=cfg.acc_columns)
+                         and not cfg.fold_zero),
+               # automatic: the grid kernel's budget; one group per scope in stream-K
+               acc_columns=cfg.acc_columns or (8 if stream else ACC_COLUMNS))
   # ``direct_io`` (opt-in): the TMA unit reads x [M, K] and writes y [M, N] in place of XLA's
   # pad/transpose before the kernel and slice/transpose/cast after it (two small launches,
   # ~1.2-1.7 us each on the H200 at M = 1), but the kernel's four x boxes per step cost about

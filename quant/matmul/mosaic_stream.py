@@ -156,7 +156,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
 
   def scaled_step(t, total):
     """total + sum_g s_g * (codes - z_g) x of unit t; a step's groups share a wgmma scope (one
-    wait) while their accumulators fit ``st.acc_columns``, as in the grid kernel."""
+    wait) while their accumulators fit ``st.acc_columns`` (by default one group a scope here:
+    ``MosaicConfig.acc_columns``)."""
     prefetch(t)
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])

@@ -154,7 +154,7 @@ def test_three_bit_codes():
 @pytest.mark.parametrize("field,value", [("block_n", 96), ("block_n", 512), ("block_k", 32),
                                          ("block_k", 1024),
                                          ("num_stages", 1), ("num_stages", 9), ("split_k", 0),
-                                         ("split_k", 1.5), ("acc_columns", 4),
+                                         ("split_k", 1.5), ("acc_columns", 4), ("acc_columns", -8),
                                          ("acc_columns", 512), ("acc_columns", True)])
 def test_config_rejects_bad_values(field, value):
   with pytest.raises(ValueError, match=field):

@@ -111,7 +111,9 @@ def test_groups_per_scope_is_bitwise_neutral(kernel):
   cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2,
                      stream_ctas=5 if kernel == "stream" else 0)
   outs = [w4_mosaic.int4_matmul(x, qw, interpret=True,
-                                config=dataclasses.replace(cfg, acc_columns=a)) for a in (8, 64)]
+                                config=dataclasses.replace(cfg, acc_columns=a))
+          for a in (8, 64, 0)]
+  np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[2], np.float32))
   np.testing.assert_array_equal(np.asarray(outs[0], np.float32), np.asarray(outs[1], np.float32))
   _check(outs[1], x, qw)
 
