@@ -223,6 +223,12 @@ class Config:
       128 (the kernel already spills ~50 bytes at 232). Interpret mode ignores it. H200
       (session 14): bitwise the same gradients but the dK/dV kernel 9-17% slower ("k": 1.675
       -> 1.835 ms at 4x4096x16x128 full; "v": 1.853) with 312 bytes of spills. "" (off).
+    seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels put the sequence
+      tiles on the fastest axis (CUDA's blockIdx.x) instead of the heads, so the CTAs resident
+      at once are mostly tiles of one head and share its K / V (forward, dQ) or Q / dO (dK/dV)
+      in L2. With heads fastest, the ~132 resident CTAs span every head: at 1x16384x16x128
+      that is 16 heads x 8 MB of K and V, more than the H200's L2; at 4x4096 it is 32 MB.
+      Same work per CTA, the same results.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -258,6 +264,7 @@ class Config:
   bwd_dq_regs: bool = False
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
+  seq_major: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

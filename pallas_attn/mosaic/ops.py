@@ -77,6 +77,15 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   return (out, lse) if return_lse else out
 
 
+def _grid(heads: int, tiles: int, batch: int, *, seq: str, seq_major: bool) -> dict:
+  """``plgpu.kernel``'s grid and grid names: heads fastest (CUDA's blockIdx.x), or with
+  ``seq_major`` the sequence tiles (``Config.seq_major``). Kernels index by name, so the order
+  changes only which CTAs are resident together."""
+  if seq_major:
+    return dict(grid=(tiles, heads, batch), grid_names=(seq, "heads", "batch"))
+  return dict(grid=(heads, tiles, batch), grid_names=("heads", seq, "batch"))
+
+
 def _num_sms(interpret: bool) -> int:
   """CTAs of a persistent launch: the GPU's SM count (132 on an H200); in interpret mode a
   few, so that the CPU tests still walk several tiles per CTA."""
@@ -132,7 +141,7 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   else:
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
                            st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
-                           split=split)
+                           split=split, seq_major=cfg.seq_major)
   return dq, dk, dv, None, None, None
 
 
@@ -247,7 +256,7 @@ def _delta(do, out, dlse, block: int, interpret):
 
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
               st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
-              split: bool = False):
+              split: bool = False, seq_major: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -306,7 +315,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   dkdv_kw = dict(st=st_dkdv, has_meta=has_meta, num_q_blocks=tq // bq)
   dkdv_scratch = backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
                                        fused_dq=fused_dq)
-  dkdv_grid = ((kh, kv_tiles, b), ("heads", "kv_seq", "batch"))
+  dkdv_grid = tuple(_grid(kh, kv_tiles, b, seq="kv_seq", seq_major=seq_major).values())
   if split:
     dkdv_kernel = functools.partial(backward_split.dkdv_split_kernel, **dkdv_kw)
     dkdv_scratch = backward_split.split_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype,
@@ -316,7 +325,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   if not fused_dq:
     (dq,) = call("dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
                  backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
-                 (n, tq // (kernels.COMPUTE_WGS * bq), b), ("heads", "q_seq", "batch"),
+                 *_grid(n, tq // (kernels.COMPUTE_WGS * bq), b, seq="q_seq",
+                        seq_major=seq_major).values(),
                  (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq,
                  params=dq_compiler_params(st_dq))
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv)
@@ -479,8 +489,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       out_type=(jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),
                 jax.ShapeDtypeStruct((b, n, tq), jnp.float32)),
       scratch_types=(smem_types, bar_types),
-      grid=(st.num_ctas,) if st.persistent else (n, tq // cta_q, b),
-      grid_names=("sm",) if st.persistent else ("heads", "q_seq", "batch"),
+      **(dict(grid=(st.num_ctas,), grid_names=("sm",)) if st.persistent else
+         _grid(n, tq // cta_q, b, seq="q_seq", seq_major=cfg.seq_major)),
       num_threads=st.consumers + 1,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(
