@@ -228,7 +228,10 @@ class Config:
       at once are mostly tiles of one head and share its K / V (forward, dQ) or Q / dO (dK/dV)
       in L2. With heads fastest, the ~132 resident CTAs span every head: at 1x16384x16x128
       that is 16 heads x 8 MB of K and V, more than the H200's L2; at 4x4096 it is 32 MB.
-      Same work per CTA, the same results.
+      Same work per CTA, the same results. H200 (session 19): slower everywhere, most at
+      1x16384x16x128 full (forward +12%, dK/dV +10%, dQ +7%) and by 2-8% per backward kernel
+      at 4x4096: ~128 CTAs reading the same blocks at once contend more than 16 heads' blocks
+      cost in L2 misses. Off (heads fastest).
   """
   block_q: int = 64
   block_kv: int = 128
