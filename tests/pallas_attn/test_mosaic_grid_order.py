@@ -3,7 +3,8 @@
 The order decides only which CTAs are resident together (and so what they share in L2); every
 CTA finds its head, tile and batch by name. So forward and gradients with sequence tiles
 fastest must be bitwise those of the default (heads fastest): checked in interpret mode on a
-small causal case, and compiled on the GPU (GQA, causal and full).
+small causal case (the gradients' check, ~1 minute here, only in ``make test-all``: see
+tests/conftest.py), and compiled on the GPU (GQA, causal and full).
 """
 import dataclasses
 
@@ -26,14 +27,24 @@ def _grads(cfg, q, k, v, kw, *, interpret):
   return [out, *jax.grad(loss, argnums=(0, 1, 2))(q, k, v)]
 
 
-def _assert_bitwise(a, b):
-  for x, y, name in zip(a, b, ("out", "dq", "dk", "dv")):
+def _assert_bitwise(a, b, names=("out", "dq", "dk", "dv")):
+  for x, y, name in zip(a, b, names):
     np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32),
                                   err_msg=name)
 
 
-def test_seq_major_is_bitwise_equal_in_interpret_mode():
-  # Two tiles and two heads on every kernel's grid (the smallest case where the order shows).
+def test_seq_major_forward_is_bitwise_equal_in_interpret_mode():
+  # Two q tiles and two heads on the forward's grid (the smallest case where the order shows).
+  b, t, s, n, kh, h = 1, 136, 136, 2, 2, 64
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=3)
+  run = lambda cfg: flash_attention(q, k, v, implementation="mosaic", config=cfg, causal=True,
+                                    return_lse=True, interpret=True)
+  _assert_bitwise(run(Config(block_kv=64, seq_major=True)), run(Config(block_kv=64)),
+                  names=("out", "lse"))
+
+
+def test_seq_major_gradients_are_bitwise_equal_in_interpret_mode():
+  # Two tiles and two heads on every kernel's grid.
   b, t, s, n, kh, h = 1, 136, 136, 2, 2, 64
   q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=3)
   kw = dict(causal=True)
