@@ -27,6 +27,12 @@ checked -- only the base variant's error is:
             one contiguous run of memory instead of 64 rows of block_k/2 bytes Kp/2 apart), and
             x read as [M, K] by the TMA unit (rows >= M zero-filled: 1/8 of x's L2 traffic at
             M = 1), alone and together, with and without the compute
+  mmasync / mmasync_*: warp-level mma.sync at x's 8 rows (``MosaicConfig.mma_sync``), checked
+  split_half: the K split halved; base_again: base timed last (the first of a row runs slow)
+  oreg / wide_oreg / n256_oreg / n256_s2_oreg / s4_oreg / bk256_n128_oreg / oreg_split2x /
+            s2_oreg_split2x: partials stored from registers (``MosaicConfig.out_registers``)
+            and the wider or deeper CTAs, or two CTAs per SM, that the freed SMEM allows
+  scope1 / acc128 / acc256: groups sharing one wgmma wait (``MosaicConfig.acc_columns``)
 
 Also the per-kernel breakdown of one call (CUPTI, ``aggregate=False``): the int4 kernel and the
 XLA kernels around it (x's pad/plane transpose, the split-K sum/slice/transpose/cast).

@@ -5,10 +5,10 @@ CI's 2 cores. ``make test`` (and so CI) runs ``pytest -m "not slow"``; ``make te
 everything. This file is the one place that says which cases CI skips: for each test listed in
 ``SAMPLED`` the cases it keeps (by parameter id, or by a rule over the item), and every other
 case of that test is marked ``slow``; a test in ``LEFT_OUT`` is marked whole. A test not listed
-here is never marked. The tests sampled
-are those of opt-in forms (fused dQ, split rings, three consumers, ...) and lowering checks that
-repeat one config under several masks; what stays covers each form once and each mask feature
-(causal, window, softcap, segments, kv_lengths, GQA, padded head dims) at least once per file.
+here is never marked. The tests sampled are those of opt-in forms (fused dQ, split rings, three
+consumers, ...) and lowering checks that repeat one config under several masks; what stays
+covers each form once and each mask feature (causal, window, softcap, segments, kv_lengths,
+GQA, padded head dims) at least once per file.
 The forms' compiled tests (``-m gpu``, cheap there) run on the GPU machine. A listed test of
 which no case is kept (an id renamed, say) stops the collection, so that a form cannot drop out
 of CI unnoticed. Measured on CI (session 18): 3384 s of test time before the

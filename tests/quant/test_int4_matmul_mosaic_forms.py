@@ -155,7 +155,8 @@ def test_compiled_stream_k_matches_reference(m, k, n, group_size, block_n, ctas)
 @pytest.mark.parametrize("m", [1, 16, 40, 64])
 def test_compiled_default_stream_k_through_the_public_api(m):
   """The defaults at 8192 x 28672 are stream-K (64-feature CTAs at M = 1, 256-feature CTAs
-  with two stages at M = 16, one CTA per SM above), reached as users reach them:
+  with two stages at M = 16, one CTA per SM above; at M = 64 128-feature CTAs whose partials
+  leave from registers), reached as users reach them:
   ``quant.int4_matmul`` on a weight prepared with the default layout."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
