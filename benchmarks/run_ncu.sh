@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles (stall reasons, issue slots, memory, per-SASS-line samples) of the W4A16
 # decode kernel and the attention backward kernels on the GPU machine:
-#   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_late_m1 w4_late_m16 attn_dkdv attn_dq
+#   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_m64 w4_late_m1 w4_late_m16 attn_dkdv attn_dq
 #                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240 attn_fwd_h64 attn_fwd_h256]
 OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
@@ -13,6 +13,7 @@ for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
   case "$p" in
     w4_m1) prof w4_m1 w4a16 w4a16 --m 1 ;;
     w4_m16) prof w4_m16 w4a16 w4a16 --m 16 ;;
+    w4_m64) prof w4_m64 w4a16 w4a16 --m 64 ;;
     w4_late_m1) prof w4_late_m1 w4a16 w4a16 --m 1 --late-zero ;;
     w4_late_m16) prof w4_late_m16 w4a16 w4a16 --m 16 --late-zero ;;
     attn_dkdv) prof attn_dkdv flash_attention_dkdv attention ;;
