@@ -33,6 +33,7 @@ checked -- only the base variant's error is:
             s2_oreg_split2x: partials stored from registers (``MosaicConfig.out_registers``)
             and the wider or deeper CTAs, or two CTAs per SM, that the freed SMEM allows
   scope1 / acc128 / acc256: groups sharing one wgmma wait (``MosaicConfig.acc_columns``)
+  pipe: stream-K with one group's wgmmas in flight (``MosaicConfig.pipeline``), checked
 
 Also the per-kernel breakdown of one call (CUPTI, ``aggregate=False``): the int4 kernel and the
 XLA kernels around it (x's pad/plane transpose, the split-K sum/slice/transpose/cast).
@@ -196,6 +197,8 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # had one scope per group until then: scope1 is that form).
     ("scope1", "base", dict(acc_columns=8)), ("acc128", "base", dict(acc_columns=128)),
     ("acc256", "base", dict(acc_columns=256)),
+    # Session 19: stream-K with one group's wgmmas in flight (MosaicConfig.pipeline there).
+    ("pipe", "base", dict(pipeline=True)),
     ("base_again", "base", {}),
 )
 

@@ -201,7 +201,9 @@ class MosaicConfig:
   wgmmas in flight: step t's planes are dequantized and issued while step t - 1's run, then
   t - 1 is retired (two sets of group accumulators, even and odd steps). Ignored where those
   float32 tiles would not fit the register budget (``(4 groups per step + 1) * m_pad / 2 <=
-  96`` registers a thread: m_pad 8 at block_k 512 and g128, up to 16 at block_k 256).
+  96`` registers a thread: m_pad 8 at block_k 512 and g128, up to 16 at block_k 256). In the
+  stream-K form it works per group instead of per step (two accumulators, any m_pad; an even
+  number of groups per step, else ignored): group g + 1 is issued before group g is retired.
   ``direct_io``: the kernel's TMA reads x as ``[M, K]`` (one box per plane, rows >= M and
   columns >= K zero-filled) and, with one K split and no bias, writes y ``[M, N]`` in x's
   dtype, instead of XLA padding / plane-transposing x before the launch and slicing /
@@ -211,8 +213,8 @@ class MosaicConfig:
   many tiles and no K split): launch that many persistent
   CTAs (e.g. 2 per SM) that share the ``tiles x K-steps`` work units equally, one TMA ring
   across tile boundaries, partial sums per K segment added by XLA (``mosaic_stream.py``);
-  replaces ``split_k`` and the one-CTA-per-(tile, split) grid; ``pipeline``, ``fold_zero``
-  and ``direct_io`` are ignored with it.
+  replaces ``split_k`` and the one-CTA-per-(tile, split) grid; ``fold_zero`` and
+  ``direct_io`` are ignored with it (``pipeline`` works per group there, above).
   ``late_zero``: the wgmma takes ``B + q`` straight from the bit operations, and each group's
   float32 partial is corrected afterwards by the rank-1 ``(B + z_g[n]) X_g[m]``, ``X_g`` the
   sum of x's columns over the group (computed by XLA): since ``sum_k (B + q) x = sum_k (q - z)

@@ -677,7 +677,10 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   direct_x = cfg.direct_io and rows_ok and k % min(span2, 64) == 0 and not stream
   direct_out = (cfg.direct_io and rows_ok and cfg.split_k == 1 and bias is None
                 and static.n % BN == 0 and not stream)
-  st = dataclasses.replace(st, pipeline=st.pipeline and st.pipeline_fits and not stream,
+  # pipeline: one step of wgmmas in flight in the grid kernel (where its registers fit); one
+  # group's in stream-K (mosaic_stream._group_pipeline: two accumulators, an even group count).
+  pipelined = st.groups_per_step % 2 == 0 if stream else st.pipeline_fits
+  st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)
   # mma.sync: 8 or 16 rows, whole 16-byte x chunks per thread, wgmma-free forms (interpret mode

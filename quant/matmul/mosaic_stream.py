@@ -21,7 +21,9 @@ buffer, no atomics; the sum order is fixed, so results are deterministic).
 
 Each step is scaled as it completes (``total += s_g * partial_g``), whatever the group size
 (the grid kernel's long groups scale once per group instead), so per-channel, short and long
-groups all work. Not combined with ``pipeline``, ``fold_zero`` or ``direct_io`` (ignored).
+groups all work. Not combined with ``fold_zero`` or ``direct_io`` (ignored). ``pipeline``
+(compiled) keeps one group's wgmmas in flight (``_group_pipeline``), with an even number of
+groups per step.
 
 Measured (H200, session 8, benchmarks/NOTES.md): 46.6 -> 44.0 us kernel time at 1x8192x28672
 with 264 CTAs, 5.6% faster at M = 16 with 132, 15% slower at 8192 x 8192; with no compute at
@@ -209,8 +211,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
 
   zeros = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
 
-  def body(t, total):
-    total = scaled_step(t, total)
+  def close(t, total):
+    """After unit t: a segment that ends there is stored, and the sum restarts."""
     tile, gt = unit(t)
     ends = jnp.logical_or(gt == steps - 1, t == count - 1)
 
@@ -231,7 +233,12 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     restart = plgpu.layout_cast(jnp.broadcast_to(ends, total.shape), plgpu.Layout.WGMMA)
     return jnp.where(restart, zeros, total)
 
-  lax.fori_loop(0, count, body, zeros)
+  if st.pipeline:
+    _group_pipeline(st=st, count=count, close=close, prefetch=prefetch, zero_of=zero_of,
+                    w_ring=w_ring, x_ring=x_ring, s_ring=s_ring, ready=ready, free=free, wg=wg,
+                    zeros=zeros)
+  else:
+    lax.fori_loop(0, count, lambda t, total: close(t, scaled_step(t, total)), zeros)
   if wgs > 1:
     @pl.when(wg == 0)
     def _drain():                                  # observe the last free phases
@@ -239,6 +246,72 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
       def _(t):
         plgpu.barrier_wait(free.at[lax.rem(t, stages)])
   plgpu.wait_smem_to_gmem(0)
+
+
+def _group_pipeline(*, st: Statics, count, close, prefetch, zero_of, w_ring, x_ring, s_ring,
+                    ready, free, wg, zeros) -> None:
+  """The stream loop with one group's wgmmas always in flight (``st.pipeline``; compiled, wgmma
+  from registers, an even number of groups per step).
+
+  Events e = (unit t, group g) in order; each is issued (plane dequantized, wgmmas committed
+  into accumulator ``g % 2``) before the previous one is retired (waited for, read, reset to
+  zero, scaled into the total), so the dequant of a plane and the scaling of a partial run
+  while the tensor cores work on the other accumulator, instead of after a wait per group
+  (Nsight Compute at 64 rows, session 19: 22% of the warp stalls on those waits). A ring slot
+  is released once the last group of its unit is retired; the first group of unit t + 1 is
+  issued before that, so its data is waited for one group earlier than in the plain loop.
+  """
+  gps = st.groups_per_step
+  per_group = PLANES // gps
+  row_vec = plgpu.Layout.WGMMA.reduce(1)
+  slot_of = lambda t: lax.rem(t, st.stages)
+
+  def codes_of(t):
+    plgpu.barrier_wait(ready.at[slot_of(t)])
+    return plgpu.load(w_ring.at[slot_of(t), wg], (), layout=plgpu.Layout.WGMMA)
+
+  def body(*accs):
+    def issue(t, codes, g):
+      slot, zero = slot_of(t), zero_of(slot_of(t), g)
+      for j in range(per_group):
+        p = g * per_group + j
+        plgpu.wgmma(accs[g % 2], _codes(codes, p, st) - zero,
+                    x_ring.at[slot, p].transpose((1, 0)))
+
+    def retire(t, g, total, wait_n: int):
+      part = plgpu.wgmma_accumulator_load(accs[g % 2], wait_n=wait_n)
+      accs[g % 2][...] = zeros                   # the next group it takes starts from zero
+      s = plgpu.load(s_ring.at[slot_of(t), wg, g], (), layout=row_vec).astype(jnp.float32)
+      return total + lax.broadcast_in_dim(s, (BN, st.m_pad), [0]) * part
+
+    def unit_events(t, total, codes, last: bool):
+      """Groups of unit t: issue the next event, retire this one. Returns (total, codes of the
+      next unit)."""
+      nxt = codes
+      for g in range(gps):
+        if g + 1 < gps:
+          issue(t, codes, g + 1)
+        elif not last:
+          nxt = codes_of(t + 1)
+          issue(t + 1, nxt, 0)
+        total = retire(t, g, total, wait_n=0 if (last and g + 1 == gps) else per_group)
+      if st.wgs > 1:
+        plgpu.barrier_arrive(free.at[slot_of(t)])
+      return close(t, total), nxt
+
+    prefetch(0)
+    codes0 = codes_of(0)
+    issue(0, codes0, 0)
+
+    def step(t, carry):
+      total, codes = unit_events(t, *carry, last=False)
+      prefetch(t + 1)                          # into unit t's slot, now released
+      return total, codes
+
+    carry = lax.fori_loop(0, count - 1, step, (zeros, codes0))
+    unit_events(count - 1, *carry, last=True)
+
+  pl.run_scoped(body, *[plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in range(2)])
 
 
 def launch(inputs: tuple, *, st: Statics, plan: StreamPlan, scratch, interpret: bool):

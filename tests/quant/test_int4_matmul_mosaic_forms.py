@@ -427,3 +427,52 @@ def test_compiled_out_registers_matches_reference(m, k, n, config):
   if mosaic_smem_bytes(plain, m=m, asym=True) <= SMEM_BYTES:
     y0 = w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=plain)
     np.testing.assert_array_equal(np.asarray(y0, np.float32), np.asarray(y, np.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Stream-K with one group's wgmmas in flight (MosaicConfig.pipeline; compiled only)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_group_pipeline_lowers_with_one_group_in_flight():
+  """The stream-K form's ``pipeline`` issues group g + 1 before it waits for group g: its waits
+  leave one group's commit groups (per_group wgmmas) in flight, and only the last is a full
+  wait."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  from benchmarks import mosaic_mlir
+  k, n = 8192, 28672
+  qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
+  mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=512), qw)
+  cfg = MosaicConfig(block_n=128, block_k=512, num_stages=2, stream_ctas=132,
+                     out_registers=True, pipeline=True)
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
+  from test_int4_matmul_mosaic import _h200
+  with _h200():
+    low = jax.jit(f).trace(jax.ShapeDtypeStruct((64, k), BF16), mw).lower(
+        lowering_platforms=("cuda",))
+  text = mosaic_mlir.kernel_texts(low)[0]
+  waits = [int(line.split("wait_group.sync.aligned")[1].split(";")[0])
+           for line in text.splitlines() if "wgmma.wait_group.sync.aligned" in line]
+  # 4 groups in the loop's unit, 4 in the last unit: 7 partial waits, one full one at the end.
+  assert waits == [1] * 7 + [0], waits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,group_size,sym,block_k,block_n,ctas", [
+    (64, 8192, 28672, 128, False, 512, 128, 132),     # the M = 64 default's CTAs, pipelined
+    (16, 2048, 640, 128, True, 512, 256, 7),          # four warpgroups, segments across tiles
+    (3, 4096, 1024, 128, False, 256, 64, 50),         # 2 groups a step (2 planes each)
+    (40, 2048, 1024, 64, False, 256, 128, 33),        # 4 groups a step
+], ids=["m64_wg2", "m16_wg4_sym", "m3_bk256", "m40_g64"])
+def test_compiled_group_pipeline_matches_reference(m, k, n, group_size, sym, block_k, block_n,
+                                                   ctas):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(k, n, group_size=group_size, sym=sym, act_order=False)
+  x = _x(m, k, BF16, seed=m)
+  b = _x(1, n, BF16, seed=4)[0]
+  mw = layout.prepare_mosaic(qw, block_k=block_k)
+  cfg = MosaicConfig(block_n=block_n, block_k=block_k, num_stages=2, stream_ctas=ctas,
+                     out_registers=m > 48, pipeline=True)
+  _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False, config=cfg), x, qw, b)
