@@ -17,7 +17,7 @@ from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
 from quant.matmul.config import (MosaicConfig, SMEM_BYTES, default_mosaic_config,
                                  mosaic_smem_bytes)
-from test_int4_matmul_mosaic import BF16, _abstract_weight, _lowered_text
+from test_int4_matmul_mosaic import BF16, _abstract_weight, _h200, _lowered_text
 from test_int4_matmul_triton import _check, _weight, _x
 
 # See test_int4_matmul_mosaic.py: a stuck interpreter thread is ended.
@@ -447,7 +447,6 @@ def test_group_pipeline_lowers_with_one_group_in_flight():
   cfg = MosaicConfig(block_n=128, block_k=512, num_stages=2, stream_ctas=132,
                      out_registers=True, pipeline=True)
   f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
-  from test_int4_matmul_mosaic import _h200
   with _h200():
     low = jax.jit(f).trace(jax.ShapeDtypeStruct((64, k), BF16), mw).lower(
         lowering_platforms=("cuda",))
