@@ -12,8 +12,9 @@ For M in {1, 16, 64, 256} and weights (K, N) in {(8192, 28672), (28672, 8192), (
   around it; the best is kept. Also ``ours_triton_api``: the public ``quant.int4_matmul(x, qw,
   implementation="triton")`` on the plain QuantizedWeight (int32 zeros), heuristic config.
   (d) ``ours-mosaic`` (``--impls`` includes "mosaic"): ``quant.matmul.mosaic.int4_matmul`` (Hopper
-  wgmma, decode path, M <= 64) on weights prepared once by ``layout.prepare_mosaic`` (planar
-  layout), the heuristic MosaicConfig and a small sweep; M > 64 is recorded as not served.
+  wgmma, decode path, one call: M <= 128, or <= 72 on 512-row steps) on weights prepared once
+  by ``layout.prepare_mosaic`` (planar layout), the heuristic MosaicConfig and a small sweep;
+  larger M is recorded as not served (``ours_mosaic_api`` times the chunked calls).
   Every variant is first checked against the float32 reference ``x @ dequantize(qw)``
   (mean|y - ref| / mean|ref| above ``TOL`` marks it wrong, never timed);
 * CUPTI kernel time (median of ``--iters``; wall clock, flagged, when CUPTI is unavailable) of
@@ -72,7 +73,8 @@ IMPLS = ("triton", "mosaic")
 
 def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicConfig]:
   """The heuristic MosaicConfig first, then a few neighbours (misfits and duplicates dropped);
-  empty when the kernel does not serve the shape (M > 64)."""
+  empty when one kernel call does not serve the shape (M > 128, or 512-row steps above 72
+  rows)."""
   try:
     base = default_mosaic_config(m=m, k=k, n=n, group_size=GROUP)
   except NotImplementedError:
@@ -244,8 +246,8 @@ def measure_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool)
 
 def measure_mosaic_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool) -> None:
   """What ``QuantLinear(mosaic=True)`` runs: ``quant.int4_matmul(x, mw)`` with the weight
-  prepared by ``layout.prepare_mosaic`` (default layout) and automatic dispatch; above 64
-  rows that is the kernel on 64-row chunks."""
+  prepared by ``layout.prepare_mosaic`` (default layout) and automatic dispatch; above 128
+  rows (72 on 512-row steps) that is the kernel on equal chunks (``mosaic.chunk_rows``)."""
   fn = lambda x, mw: quant.int4_matmul(x, mw, interpret=interpret)
   block_k = layout.default_block_k(p.k, p.n, GROUP)
   row["ours_mosaic_api"] = _check_and_time(p, row["m"], fn, p.mosaic_weights(block_k),
@@ -348,7 +350,7 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: str) -> None
     if pts:
       ax.plot(*zip(*pts), "-s", color=color, alpha=0.7, mfc="none",
               label=f"ours-mosaic K={k} N={n}")
-    # The prepared-weight path of QuantLinear(mosaic=True): above 64 rows, 64-row kernel calls.
+    # The prepared-weight path of QuantLinear(mosaic=True): large M in equal chunks.
     pts = [(r["m"], r["xla_bf16"]["ms"] / r["ours_mosaic_api"]["ms"]) for r in rows
            if "ms" in r.get("xla_bf16", {}) and "ms" in (r.get("ours_mosaic_api") or {})]
     if pts:

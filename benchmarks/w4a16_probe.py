@@ -68,6 +68,7 @@ import timing  # noqa: E402
 from quant.matmul import layout  # noqa: E402
 from quant.matmul import mosaic as w4  # noqa: E402
 from quant.matmul import mosaic_stream as w4_stream  # noqa: E402
+from quant.matmul import mosaic_common as w4_common  # noqa: E402  (the plane dequant)
 from quant.matmul.config import default_mosaic_config, fit_mosaic_config  # noqa: E402
 
 SHAPES = ((1, 8192, 28672), (1, 8192, 8192), (16, 8192, 28672))
@@ -208,7 +209,7 @@ def _apply(patch: str):
   saved = {}
   for name, value in PATCHES[patch].items():
     new = value() if name == "plgpu" else value
-    for mod in (w4, w4_stream):
+    for mod in (w4, w4_stream, w4_common):
       if hasattr(mod, name):
         saved[(mod, name)] = getattr(mod, name)
         setattr(mod, name, new)

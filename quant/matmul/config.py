@@ -173,7 +173,8 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
 # K rows per pipeline step = MOSAIC_PLANES planes of block_k / 4 columns (layout.prepare_mosaic)
 MOSAIC_BLOCK_K = mosaic_layout.BLOCK_K
 MOSAIC_PLANES = mosaic_layout.PLANES
-MOSAIC_MAX_M = 64                  # beyond this the decode kernel is the wrong tool (falls back)
+MOSAIC_MAX_M = 128                 # rows of x one kernel call serves (a prepared weight: chunks)
+MOSAIC_WIDE_M = 64                 # above this, two warpgroups at most (the register budget)
 SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
 SM_SMEM_BYTES = 228 * 1024         # shared memory of one SM (all its resident CTAs)
 
@@ -318,6 +319,11 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
   if m > MOSAIC_MAX_M:
     raise NotImplementedError(f"mosaic int4_matmul is a decode kernel (M <= {MOSAIC_MAX_M}); "
                               f"M={m} needs a compute-bound path")
+  if mosaic_m_pad(m) > MOSAIC_WIDE_M and cfg.block_n > 128:
+    # Each thread holds a group accumulator and the running total, m_pad / 2 registers each:
+    # at 65..128 rows four warpgroups (512 threads) would need more than 128 registers apiece.
+    raise NotImplementedError(f"block_n={cfg.block_n} (four warpgroups) at M={m} > "
+                              f"{MOSAIC_WIDE_M} would exceed the register file")
   bk, span2 = cfg.block_k, cfg.block_k // MOSAIC_PLANES
   per_channel = group_size >= k
   if not mosaic_layout.mosaic_tiles_groups(bk, k, group_size):
@@ -335,12 +341,15 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
 
 def fit_mosaic_config(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
                       asym: bool = True, n: int | None = None) -> MosaicConfig:
-  """Halves block_n until it divides N (padded to 64); lowers num_stages (to 2), then block_n,
-  until the CTA fits in SMEM; then checks the shape (NotImplementedError)."""
+  """Halves block_n until it divides N (padded to 64) and, above 64 rows, to at most 128 (two
+  warpgroups); lowers num_stages (to 2), then block_n, until the CTA fits in SMEM; then checks
+  the shape (NotImplementedError)."""
   if n is not None:
     tiles = -(-n // 64)
     while tiles % (cfg.block_n // 64):
       cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+  if mosaic_m_pad(m) > MOSAIC_WIDE_M and cfg.block_n > 128:
+    cfg = dataclasses.replace(cfg, block_n=128)   # see check_mosaic_shape
   while mosaic_smem_bytes(cfg, m=m, asym=asym) > SMEM_BYTES:
     if cfg.num_stages > 2:
       cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
@@ -365,7 +374,7 @@ def resolve_mosaic_config(config, *, m: int, k: int, n: int, group_size: int,
 
 
 def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool = True,
-                          num_sms: int = NUM_SMS) -> MosaicConfig:
+                          num_sms: int = NUM_SMS, block_k: int | None = None) -> MosaicConfig:
   """Heuristic MosaicConfig: widest plane the groups allow, two warpgroups sharing x, a 3-deep
   ring, K split for the SMs. (A guess until it is timed on an H200: see benchmarks/w4a16.py.)
 
@@ -380,15 +389,24 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   XLA); above 16 rows, where x's planes make the CTAs large, only while the CTAs fit one
   wave. Without a K split and with more 64/128-feature tiles than one wave of CTAs holds, the
   stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces the grid.
+  65..128 rows: two stages, no SMEM output tile, at most two warpgroups; the 512-row steps do
+  not fit (NotImplementedError: ``mosaic.int4_matmul`` then runs a prepared weight in 64-row
+  chunks). ``block_k``: the K step of a prepared weight (``MosaicWeight.block_k``), else the
+  layout's default.
   """
   per_channel = group_size >= k
-  bk = mosaic_layout.default_block_k(k, n, group_size)
+  bk = block_k or mosaic_layout.default_block_k(k, n, group_size)
   # M <= 8 (x is one 8-row wgmma N tile): 64 features and a 4-deep ring per CTA measured 4-10%
   # faster than 128 features and 3 stages on the H200 (benchmarks/results/w4a16/); at M = 16
   # the wider CTA wins by 10-20% (x's slice is shared by two warpgroups).
   narrow = mosaic_m_pad(m) <= 8
+  # 65..128 rows: x's planes are 32-64 KB a step per 128 rows, so two warpgroups share them over
+  # two stages with no SMEM output tile (``out_registers``); 512-row steps do not fit at all
+  # (128 KB of x a stage), so a prepared weight of that layout runs 64-row chunks instead.
+  wide = mosaic_m_pad(m) > MOSAIC_WIDE_M
   cfg = fit_mosaic_config(MosaicConfig(block_n=64 if narrow else 128, block_k=bk,
-                                       num_stages=4 if narrow else 3), m=m, k=k,
+                                       num_stages=4 if narrow else 2 if wide else 3,
+                                       out_registers=wide), m=m, k=k,
                           group_size=group_size, asym=asym, n=n)
   tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
   unit = bk if per_channel else max(bk, group_size)

@@ -3,7 +3,10 @@
 Decode-shaped calls (M <= 64) are bound by streaming the int4 weight, so the kernel computes the
 transposed product ``y^T = W^T x^T``: the dequantized weight tile (64 output features) is wgmma's
 M side, which must be 64 rows per warpgroup, and the few activation rows are wgmma's N side,
-padded only to a multiple of 8. Computing ``x W`` directly would pad M = 1 up to 64.
+padded only to a multiple of 8. Computing ``x W`` directly would pad M = 1 up to 64. One call
+takes up to 128 rows (wgmma N = 128; two warpgroups at most, two stages of 256-row steps: x's
+planes are then 64 KB a stage), so a prefill chunk reads the weight once per 128 rows instead
+of once per 64; larger calls on a prepared weight run in equal chunks (``chunk_rows``).
 
 Maths. Per group ``g`` of K rows with per-feature scale ``s_g[n]`` and zero ``z_g[n]``::
 
@@ -27,8 +30,9 @@ Data flow of one CTA (grid ``(N/block_n, split_k)``; ``block_n / 64`` warpgroups
   a mask and an OR into the mantissa of the 16-bit magic number B, then one 16-bit subtract (no
   int -> float conversion). Compiled, the three bit operations run on whole 32-bit registers,
   each holding two int16 elements = two operands of the wgmma register A fragment
-  (``_paired_codes``); the plane feeds ``wgmma(acc, plane, x_plane^T)`` from registers (or, with
-  ``registers_a=False`` and in interpret mode, through one of two swizzled SMEM planes);
+  (``mosaic_common._paired_codes``); the plane feeds ``wgmma(acc, plane, x_plane^T)`` from
+  registers (or, with ``registers_a=False`` and in interpret mode, through one of two swizzled
+  SMEM planes);
 * one ``plgpu.ACC`` accumulator per group (or per step when a group spans several steps, then
   summed in registers), scaled once it is complete.
 
@@ -36,10 +40,10 @@ Every wgmma of a step is waited before the step ends; with one warpgroup the slo
 step ``t + 1`` (the one step ``t - 1`` used) is then free, with several a ``free`` barrier per
 slot (one arrival per warpgroup) guards the refill. Partial sums ``[split_k, N, M]``
 come out in float32; XLA adds the splits and the bias, transposes and casts (for M <= 64 that is
-< 2% of the weight's bytes). Act-order weights are served by gathering x's columns into the
+< 2% of the weight's bytes; at 128 rows with two K splits, 8 MB at N = 8192). Act-order weights are served by gathering x's columns into the
 stored row order (``x[..., perm]``); the kernel never sees ``g_idx``.
 
-Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 64, codes
+Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 128, codes
 wider than 4 bits, groups the planes cannot tile (a plane of block_k/4 rows must lie in one
 group and block_k and the group must divide one another, e.g. groups of 8 or 96), a config
 whose ring does not fit in SMEM, a non-Hopper device without ``interpret=True``, or a compiled
@@ -51,7 +55,7 @@ weight once with ``layout.prepare_mosaic``.
 Example:
   >>> qw = quant.rtn(w, bits=4, group_size=128)                    # w: [K, N]
   >>> mw = layout.prepare_mosaic(qw)                               # once, at load time
-  >>> y = int4_matmul(x, mw, bias=None, config=None, interpret=False)    # x: [M, K], M <= 64
+  >>> y = int4_matmul(x, mw, bias=None, config=None, interpret=False)    # x: [M, K], any M
 """
 from __future__ import annotations
 
@@ -60,13 +64,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, llvm
 from jaxtyping import Array, Float
 
 from quant import formats
@@ -74,151 +74,11 @@ from quant.matmul import layout, mma_sync, mosaic_io
 from quant.matmul.mosaic_io import (check_supported, kernel_inputs, on_hopper, scale_rows,
                                     split_refs, weight_boxes, x_sums, xs_rows, zero_offset)
 from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_pad,
-                                 MOSAIC_MAX_M, resolve_mosaic_config as resolve_config)
-
-# 16-bit pattern of B with B + q exact for q < 16 (OR q into the mantissa), by operand dtype.
-_MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6400, 1024.0)}
-PLANES = layout.PLANES
-BN = layout.TILE_N
-ACC_COLUMNS = 64       # default budget of live group accumulators (``MosaicConfig.acc_columns``)
-PIPELINE_REGISTERS = 96   # per-thread budget of the pipelined loop's float32 tiles
-
-
-def pipeline_fits(*, groups_per_step: int, m_pad: int) -> bool:
-  """Whether ``MosaicConfig.pipeline`` is honoured: its float32 [64, m_pad] tiles (two sets of
-  group accumulators, the previous values of both and the total; m_pad / 2 registers a thread
-  each) stay within ``PIPELINE_REGISTERS`` registers a thread."""
-  return (4 * groups_per_step + 1) * m_pad // 2 <= PIPELINE_REGISTERS
-
-
-@dataclasses.dataclass(frozen=True)
-class Statics:
-  """Everything static about one kernel launch (hashable)."""
-  m_pad: int            # activation rows (wgmma N), multiple of 8
-  steps: int            # block_k steps per split
-  block_k: int          # K rows per step (PLANES planes)
-  seg: int              # K rows sharing one scale inside a split (group, or the split)
-  stages: int
-  wgs: int              # consumer warpgroups per CTA (block_n / 64)
-  sym: bool
-  zero: float           # symmetric zero point 2**(bits - 1)
-  dtype: jnp.dtype      # activation / wgmma operand dtype
-  magic_bits: int       # 16-bit pattern of B (bf16 0x4300 = 128, f16 0x6400 = 1024)
-  magic: float          # B
-  registers_a: bool = False   # dequantized planes feed wgmma from registers (compiled only)
-  paired: bool = False        # dequantize two codes per 32-bit op with inline Mosaic GPU code
-                              # (compiled only: the interpreter cannot run inline_mgpu)
-  fold_zero: bool = False     # subtract B + z with a second wgmma (needs registers_a)
-  pipeline: bool = False      # step t's wgmmas run while step t + 1 is dequantized (registers_a)
-  direct_x: bool = False      # x read as [M, K] by one TMA per plane (rows >= M, columns >= K
-                              # zero-filled by the TMA unit): no XLA pad / plane transpose
-  late_zero: bool = False     # wgmma takes B + q; (B + z) X_g is subtracted from each group's
-                              # float32 partial afterwards (``MosaicConfig.late_zero``)
-  direct_out: bool = False    # y [M, N] in x's dtype stored by the kernel (split_k = 1, no
-                              # bias): no XLA slice / transpose / cast after it
-  mma_sync: bool = False      # planes times x by warp-level mma.sync (m_pad 8, 16; mma_sync.py)
-  acc_columns: int = ACC_COLUMNS   # float32 columns of group accumulators live in one scope
-  out_registers: bool = False  # float32 partials stored from registers to GMEM (8-byte stores):
-                               # no output tile in SMEM (``MosaicConfig.out_registers``)
-
-  @property
-  def span2(self) -> int:
-    """K columns of one plane (int16 elements of a step's code tile per row)."""
-    return self.block_k // PLANES
-
-  @property
-  def long_groups(self) -> bool:
-    """A scale covers one or more whole steps (else each step holds several groups)."""
-    return self.seg >= self.block_k
-
-  @property
-  def groups_per_step(self) -> int:
-    return 1 if self.long_groups else self.block_k // self.seg
-
-  @property
-  def groups_per_scope(self) -> int:
-    """Group accumulators live at once (sharing one wgmma wait): at most ``acc_columns``
-    float32 columns (``acc_columns / 2`` registers a thread)."""
-    return max(1, min(self.groups_per_step, self.acc_columns // self.m_pad))
-
-  @property
-  def pipeline_fits(self) -> bool:
-    """See ``pipeline_fits``."""
-    return pipeline_fits(groups_per_step=self.groups_per_step, m_pad=self.m_pad)
-
-  @property
-  def steps_per_group(self) -> int:
-    return self.seg // self.block_k if self.long_groups else 1
-
-
-def _tiled(span2: int) -> tuple:
-  """SMEM transforms of a 16-bit array whose minor dimension is ``span2`` elements: tiles of at
-  most 64 elements (128 bytes, the widest swizzle; a 128-element plane is two tiles)."""
-  return (plgpu.TilingTransform((8, min(span2, 64))), plgpu.SwizzleTransform(min(2 * span2, 128)))
-
-
-def _paired_codes(codes, p: int, st: Statics):
-  """``B + q`` of plane ``p`` from the int16 code tile ``[64, span2]`` (WGMMA layout), compiled.
-
-  In the WGMMA layout each 32-bit register of a 16-bit ``[64, span2]`` array holds columns
-  ``2u`` (low half) and ``2u + 1`` (high half) of one row, both for the int16 codes and for the
-  bf16/f16 operand, so one 32-bit ``((r >> 4p) & 0x000F000F) | (B_bits * 0x10001)`` makes the
-  two operands of that register at once. That is one shift and one lop3 (``_and_or``)
-  per two weights, where the int32-word layout needed a shift, an and/or and an int32 -> int16
-  pack per weight (~3 integer ops per weight): now 1 integer op per weight plus one packed
-  bf16x2 subtract of ``B + z`` per two weights (~1.5 ops per weight). Pallas cannot express the
-  32-bit view of a 16-bit register pair, hence the few lines of Mosaic GPU.
-  """
-  shape = (BN, st.span2)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
-                     return_type=plgpu.ShapeDtypeStruct(shape, st.dtype,
-                                                        layout=plgpu.Layout.WGMMA))
-  def dequant(_, tile):
-    i32 = ir.IntegerType.get_signless(32)
-    pair_ty = ir.VectorType.get((2,), mgpu.utils.dtype_to_ir_type(st.dtype))
-    magic = st.magic_bits * 0x10001                          # B in both halves
-    shift = mgpu.utils.c(4 * p, i32)
-    regs = np.empty_like(tile.registers)
-    for idx, reg in np.ndenumerate(tile.registers):         # reg: vector<2xi16>
-      word = mgpu.utils.bitcast(reg, i32)
-      if p:
-        word = arith.shrui(word, shift)
-      word = _and_or(word, 0x000F000F, magic)
-      regs[idx] = mgpu.utils.bitcast(word, pair_ty)
-    return mgpu.FragmentedArray(_registers=regs, _layout=tile.layout, _is_signed=None)
-
-  return dequant(codes)
-
-
-def mma_sync_group(codes, zero, x_slot, g: int, st: Statics):
-  """Group ``g``'s float32 partial [64, m_pad] of a step by ``mma_sync.plane_product`` (x_slot:
-  the step's x planes in fragment order; ``zero`` None with ``late_zero``)."""
-  per_group = PLANES // st.groups_per_step
-  acc = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
-  for p in range(g * per_group, (g + 1) * per_group):
-    vals = _codes(codes, p, st) if zero is None else _codes(codes, p, st) - zero
-    acc = mma_sync.plane_product(vals, x_slot.at[p], acc, emulate=not st.paired)
-  return acc
-
-
-def _and_or(word, mask: int, magic: int):
-  """``(word & mask) | magic`` (32-bit) as one ``lop3`` (LUT 0xEA = (a & b) | c). Written as PTX
-  because from ``arith.andi`` + ``arith.ori`` ptxas emitted two LOP3s per register: 2 of the
-  3.75 instructions per two weights in Nsight Compute's count (benchmarks/NOTES.md, session 9)."""
-  i32 = ir.IntegerType.get_signless(32)
-  return llvm.inline_asm(i32, [word], f"lop3.b32 $0, $1, {mask:#010x}, {magic:#010x}, 0xEA;",
-                         "=r,r")
-
-
-def _codes(codes, p: int, st: Statics):
-  """``B + q`` of plane ``p`` in the operand dtype: ``_paired_codes`` compiled; the same bits
-  with plain lax ops in interpret mode (16-bit, logical shift)."""
-  if st.paired:
-    return _paired_codes(codes, p, st)
-  bits = (lax.shift_right_logical(codes, jnp.int16(4 * p)) & jnp.int16(0xF)) | jnp.int16(
-      st.magic_bits)
-  return lax.bitcast_convert_type(bits, st.dtype)
+                                 MOSAIC_MAX_M, MOSAIC_WIDE_M,
+                                 resolve_mosaic_config as resolve_config)
+# The launch statics and the plane dequant, shared with mosaic_stream.py (names kept here too).
+from quant.matmul.mosaic_common import (ACC_COLUMNS, BN, PLANES, Statics, _MAGIC, _and_or,  # noqa: F401
+                                        _codes, _tiled, mma_sync_group, pipeline_fits)
 
 
 def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: Statics):
@@ -301,8 +161,12 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
           plgpu.barrier_wait(free.at[lax.rem(t - 1, stages)])
       issue(t + stages - 1)
 
-  def step_partials(t):
-    """Waits for step ``t``'s data; returns its float32 partials and scales, one per group."""
+  def step_partials(t, total=None):
+    """Waits for step ``t``'s data. With ``total``: returns ``total + sum_g s_g * partial_g``,
+    each scope's partials scaled and added as soon as the scope completes (at most one scope's
+    float32 tiles live: two 64-register partials at 128 rows would crowd the registers).
+    Without: returns the step's float32 partials and scales, one per group (long groups, whose
+    steps are summed before the group's one scale)."""
     # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
     prefetch(t)
 
@@ -351,22 +215,32 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     # Groups share one scope (one wgmma_wait(0)) while their accumulators stay small: a wait per
     # group would expose the wgmma latency once per group instead of once per scope.
     partials, scales = [], []
+
+    def done(g, part):
+      """Group g's partial is complete: its zero offset off (late_zero), then kept or added."""
+      nonlocal total
+      if st.late_zero:
+        part = part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
+      if total is None:
+        partials.append(part)
+        scales.append(scale_at(slot, g))
+      else:
+        total = total + scale_at(slot, g) * part
+
+    if st.mma_sync:                              # no wgmma: registers in, registers out
+      for g in range(gps):
+        done(g, mma_sync_group(codes, None if st.late_zero else zero_of(g), x_ring.at[slot],
+                               g, st))
     for g0 in ([] if st.mma_sync else range(0, gps, st.groups_per_scope)):  # (wgmma form)
       groups = tuple(range(g0, min(gps, g0 + st.groups_per_scope)))
       accs = [plgpu.ACC((BN, st.m_pad), jnp.float32) for _ in groups]
       zeros = [None if st.late_zero else zero_of(g) for g in groups]
-      partials += pl.run_scoped(functools.partial(mma, groups=groups, zeros=zeros), *accs)
-    if st.mma_sync:                              # no wgmma: registers in, registers out
-      partials = [mma_sync_group(codes, None if st.late_zero else zero_of(g), x_ring.at[slot],
-                                 g, st) for g in range(gps)]
-    if st.late_zero:
-      partials = [part - zero_offset(z_ring, xs_ring, slot, wg, g, st)
-                  for g, part in enumerate(partials)]
-    for g in range(gps):
-      scales.append(scale_at(slot, g))
+      for g, part in zip(groups, pl.run_scoped(functools.partial(mma, groups=groups,
+                                                                 zeros=zeros), *accs)):
+        done(g, part)
     if wgs > 1:
       plgpu.barrier_arrive(free.at[slot])        # this warpgroup is done with the slot
-    return partials, scales
+    return (partials, scales) if total is None else total
 
   zeros_tile = lambda: plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), wgmma_layout)
 
@@ -415,12 +289,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
 
     total = lax.fori_loop(0, st.steps // spg, group, zeros_tile())
   else:
-    def step(t, total):
-      for part, s in zip(*step_partials(t)):
-        total = total + s * part
-      return total
-
-    total = lax.fori_loop(0, st.steps, step, zeros_tile())
+    total = lax.fori_loop(0, st.steps, step_partials, zeros_tile())
 
   if wgs > 1:
     # Observe the free phases the loop did not wait for (the interpreter checks every phase).
@@ -552,9 +421,10 @@ def int4_matmul(x: Float[Array, "... K"],
   ``qw`` is a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its
   ``block_k`` fixes the config's) or, in interpret mode only, a ``QuantizedWeight`` (assumed
   checked by ``quant.matmul.api.check_inputs``; repacked on every call). A prepared weight
-  serves any M: 64-row chunks, one kernel call each (benchmarks/NOTES.md, session 10). Raises
-  NotImplementedError for float32 x, M > 64 on a plain QuantizedWeight, bits > 4, groups the
-  planes cannot tile, a config
+  serves any M: one call up to 128 rows where its K step fits them (64 for 512-row steps),
+  else equal chunks, one kernel call each (``chunk_rows``). Raises NotImplementedError for
+  float32 x, M > 128 on a plain QuantizedWeight, bits > 4, groups the planes cannot tile, a
+  config
   that does not fit, and with ``interpret=False`` for a plain QuantizedWeight (see the module
   docstring) or a GPU that is not sm90. ``lowering_platforms=("cuda",)`` on a CPU host is
   allowed (compile checks).
@@ -579,16 +449,16 @@ def int4_matmul(x: Float[Array, "... K"],
   m = x2.shape[0]
   if m == 0:
     return jnp.zeros((*lead, n), x.dtype)
-  if m > MOSAIC_MAX_M and prepared:
-    chunks = -(-m // MOSAIC_MAX_M)
-    xs = jnp.pad(x2, ((0, chunks * MOSAIC_MAX_M - m), (0, 0))).reshape(chunks, MOSAIC_MAX_M, k)
+  rows = chunk_rows(m, qw, config) if prepared else m
+  if m > rows:
+    chunks = -(-m // rows)
+    xs = jnp.pad(x2, ((0, chunks * rows - m), (0, 0))).reshape(chunks, rows, k)
     y = lax.map(lambda xc: int4_matmul(xc, qw, bias=bias, config=config, interpret=interpret),
                 xs)
-    return y.reshape(chunks * MOSAIC_MAX_M, n)[:m].reshape(*lead, n)
+    return y.reshape(chunks * rows, n)[:m].reshape(*lead, n)
   if config is None and prepared:
-    config = dataclasses.replace(
-        default_mosaic_config(m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym),
-        block_k=qw.block_k)
+    config = default_mosaic_config(m=m, k=k, n=n, group_size=qw.group_size, asym=not qw.sym,
+                                   block_k=qw.block_k)
   if config is None and interpret:
     # One warpgroup under the interpreter: it runs each simulated warpgroup as a host thread
     # that blocks on the others' barriers, and on a small CPU host several of them were seen to
@@ -610,6 +480,30 @@ def int4_matmul(x: Float[Array, "... K"],
   y = _fused(x2, mw.qweight, mw.scales, mw.zeros, bias,
              _Static(cfg, mw.bits, mw.group_size, k, n, bool(interpret)))
   return y.reshape(*lead, n)
+
+
+def chunk_rows(m: int, mw: layout.MosaicWeight, config: MosaicConfig | None = None) -> int:
+  """Rows of x per kernel call on a prepared weight: all ``m`` when one call can serve them,
+  else equal chunks of at most ``MOSAIC_MAX_M`` rows where the weight's K step and ``config``
+  (None: the heuristic) fit that many, else of at most ``MOSAIC_WIDE_M`` (512-row steps hold
+  128 KB of x a stage at 128 rows: they do not fit). Equal chunks pad x the least: 200 rows are
+  two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
+  def rows_under(limit: int) -> int:
+    return -(-m // -(-m // limit))                 # ceil(m / number of chunks)
+
+  rows = rows_under(MOSAIC_MAX_M)
+  if rows <= MOSAIC_WIDE_M:
+    return rows
+  k, n = mw.shape
+  try:
+    if config is None:
+      default_mosaic_config(m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym,
+                            block_k=mw.block_k)
+    else:
+      resolve_config(config, m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym)
+    return rows
+  except NotImplementedError:
+    return rows_under(MOSAIC_WIDE_M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -679,7 +573,9 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
                 and static.n % BN == 0 and not stream)
   # pipeline: one step of wgmmas in flight in the grid kernel (where its registers fit); one
   # group's in stream-K (mosaic_stream._group_pipeline: two accumulators, an even group count).
-  pipelined = st.groups_per_step % 2 == 0 if stream else st.pipeline_fits
+  # Above 64 rows two float32 accumulators and the total would not fit the registers.
+  pipelined = (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
+               else st.pipeline_fits)
   st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out)

@@ -20,7 +20,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from quant.matmul import layout
 
 if TYPE_CHECKING:
-  from quant.matmul.mosaic import Statics
+  from quant.matmul.mosaic_common import Statics
 
 PLANES = layout.PLANES
 BN = layout.TILE_N

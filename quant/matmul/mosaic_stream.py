@@ -33,7 +33,7 @@ CTA's step, not the grid's tail. Opt-in.
 Example:
   >>> mw = layout.prepare_mosaic(qw)                                # once, at load time
   >>> cfg = MosaicConfig(block_n=64, block_k=mw.block_k, num_stages=4, stream_ctas=264)
-  >>> y = quant.matmul.mosaic.int4_matmul(x, mw, config=cfg)        # x: [M, K], M <= 64
+  >>> y = quant.matmul.mosaic.int4_matmul(x, mw, config=cfg)        # x: [M, K], M <= 128
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
-from quant.matmul.mosaic import BN, PLANES, Statics, _codes, mma_sync_group
+from quant.matmul.mosaic_common import BN, PLANES, Statics, _codes, mma_sync_group
 from quant.matmul.mosaic_io import scale_rows, split_refs, weight_boxes, zero_offset
 
 

@@ -18,6 +18,7 @@ import pytest
 import quant
 from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
+from quant.matmul import mosaic_common as w4_common     # the plane dequant (patched below)
 from quant.matmul.config import (MosaicConfig, check_mosaic_shape, default_mosaic_config,
                                  fit_mosaic_config,
                                  mosaic_smem_bytes, SMEM_BYTES)
@@ -248,7 +249,7 @@ def _group(gs):
 
 @pytest.mark.parametrize("make_qw,x_shape,x_dtype,kw,match", [
     (None, (2, 256), jnp.float32, {}, "bfloat16 or float16"),
-    (None, (65, 256), BF16, {}, "M <= 64"),
+    (None, (129, 256), BF16, {}, "M <= 128"),
     (_eight_bit, (2, 256), BF16, {}, "bits <= 4"),
     (_group(8), (2, 384), BF16, {}, "cannot tile groups of 8 "),
     (_group(96), (2, 384), BF16, {}, "cannot tile groups of 96"),
@@ -363,19 +364,19 @@ def test_lowering_uses_paired_dequant(monkeypatch, registers_a, block_k, dtype):
   counts = dict(shrui=0, and_or=0)
 
   def counting(name):
-    op = getattr(w4_mosaic.arith, name)
+    op = getattr(w4_common.arith, name)
     def wrapped(*args, **kwargs):
       counts[name] += 1
       return op(*args, **kwargs)
     return wrapped
 
-  monkeypatch.setattr(w4_mosaic, "arith", types.SimpleNamespace(shrui=counting("shrui")))
-  and_or = w4_mosaic._and_or
+  monkeypatch.setattr(w4_common, "arith", types.SimpleNamespace(shrui=counting("shrui")))
+  and_or = w4_common._and_or
 
   def counting_and_or(*args):
     counts["and_or"] += 1
     return and_or(*args)
-  monkeypatch.setattr(w4_mosaic, "_and_or", counting_and_or)
+  monkeypatch.setattr(w4_common, "_and_or", counting_and_or)
   a_operands = []
   wgmma = w4_mosaic.plgpu.wgmma
   monkeypatch.setattr(w4_mosaic.plgpu, "wgmma", lambda acc, a, b, **kw: (

@@ -9,6 +9,7 @@ from flax import nnx
 
 import quant
 from quant.matmul import api, layout
+from quant.matmul import mosaic as w4_mosaic
 from quant.matmul import mosaic_io as nnx_ops      # QuantLinear's Hopper check (patched below)
 from test_int4_matmul_triton import _check, _weight as _codes_weight, _x
 
@@ -134,9 +135,9 @@ def test_quant_linear_mosaic_sharding_names_follow_the_transpose():
   assert prepared.scales.get_metadata()["out_sharding"] == (None, "mlp")
 
 
-def test_mosaic_serves_a_prepared_weight_above_64_rows_in_chunks():
-  """M > 64 on a prepared weight: 64-row chunks, one kernel call each (interpret mode), with
-  leading batch dims, bias and the gradient with respect to x."""
+def test_mosaic_serves_a_prepared_weight_above_128_rows_in_chunks():
+  """M > 128 on a prepared weight: equal chunks (here two of 65 rows), one kernel call each
+  (interpret mode), with leading batch dims, bias and the gradient with respect to x."""
   qw = _codes_weight(256, 128, group_size=64, sym=False, act_order=True)
   mw = layout.prepare_mosaic(qw)
   x = _x(130, 256, jnp.bfloat16, seed=5)
@@ -145,8 +146,9 @@ def test_mosaic_serves_a_prepared_weight_above_64_rows_in_chunks():
                       interpret=True)
   assert y.shape == (2, 65, 128)
   _check(y.reshape(130, 128), x, qw, b)
-  # A plain QuantizedWeight above 64 rows is still declined (dispatch then runs Triton on it).
-  with pytest.raises(NotImplementedError, match="M <= 64"):
+  assert w4_mosaic.chunk_rows(130, mw) == 65
+  # A plain QuantizedWeight above 128 rows is declined (dispatch then runs Triton on it).
+  with pytest.raises(NotImplementedError, match="M <= 128"):
     api.int4_matmul(x, qw, implementation="mosaic", interpret=True)
   g = jax.grad(lambda x: jnp.sum(api.int4_matmul(x, mw, implementation="mosaic",
                                                  interpret=True).astype(jnp.float32)))(x)
@@ -157,7 +159,7 @@ def test_mosaic_serves_a_prepared_weight_above_64_rows_in_chunks():
 
 
 def test_chunked_compiled_form_lowers_for_h200():
-  """The compiled form at M = 200 (four 64-row chunks in a loop) lowers to one Mosaic GPU
+  """The compiled form at M = 200 (two 100-row chunks in a loop) lowers to one Mosaic GPU
   kernel inside the loop."""
   from test_int4_matmul_mosaic import _lowered_text
   qw = _codes_weight(1024, 256, group_size=128, sym=False, act_order=False)
