@@ -175,6 +175,7 @@ MOSAIC_BLOCK_K = mosaic_layout.BLOCK_K
 MOSAIC_PLANES = mosaic_layout.PLANES
 MOSAIC_MAX_M = 128                 # rows of x one kernel call serves (a prepared weight: chunks)
 MOSAIC_WIDE_M = 64                 # above this, two warpgroups at most (the register budget)
+MOSAIC_ACC_COLUMNS = 64            # grid kernel's default ``acc_columns`` (0 = automatic)
 SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
 SM_SMEM_BYTES = 228 * 1024         # shared memory of one SM (all its resident CTAs)
 
@@ -257,6 +258,14 @@ class MosaicConfig:
   stream-K kernel. H200 (session 19): one scope for a 512-row step's 4 groups was 4% slower at
   16 x 8192 x 28672 (four warpgroups, 128 registers a thread) than a scope per group, level at
   32 rows; 2 groups a scope at 64 rows 0.5-1.4% faster, 4 there up to 22% slower.
+  ``x_slots`` (0 = off; grid kernel only, NotImplementedError with ``stream_ctas``): x's planes
+  in a TMA ring of their own, ``x_slots`` slots of one plane (``m_pad * block_k / 4 * 2``
+  bytes), refilled plane by plane, while codes, scales and zeros keep the step ring
+  (``mosaic_xring.py``). By default a slot of the step ring holds a whole step of x, 128 KB at
+  128 rows of 512-row steps, so two stages do not fit there; with four x slots they take 128
+  KB in all. Needs at least twice the planes one wgmma scope reads (1 for g128 on 512-row
+  steps above 64 rows; 4 for groups as long as a step). ``pipeline`` and ``mma_sync`` are
+  ignored with it. Not yet timed on an H200.
   """
   block_n: int = 128
   block_k: int = 512
@@ -271,6 +280,7 @@ class MosaicConfig:
   mma_sync: bool = False
   out_registers: bool = False
   acc_columns: int = 0
+  x_slots: int = 0
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -291,6 +301,10 @@ class MosaicConfig:
     if not isinstance(self.stream_ctas, int) or isinstance(self.stream_ctas, bool) or (
         self.stream_ctas < 0):
       raise ValueError(f"MosaicConfig.stream_ctas must be an int >= 0, got {self.stream_ctas!r}")
+    if not isinstance(self.x_slots, int) or isinstance(self.x_slots, bool) or not (
+        self.x_slots == 0 or 2 <= self.x_slots <= 16):
+      raise ValueError(f"MosaicConfig.x_slots must be 0 (off) or an int in [2, 16], "
+                       f"got {self.x_slots!r}")
 
 
 def mosaic_m_pad(m: int) -> int:
@@ -299,16 +313,19 @@ def mosaic_m_pad(m: int) -> int:
 
 
 def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
-  """Shared memory of one CTA: the TMA ring, the output tile (none with ``out_registers``) and,
-  when the dequantized planes are staged through SMEM (``registers_a=False``), two of them."""
+  """Shared memory of one CTA: the TMA ring, the output tile (none with ``out_registers``),
+  x's own ring (``x_slots``) and, when the dequantized planes are staged through SMEM
+  (``registers_a=False``), two of them."""
   span2, mp, bn = cfg.block_k // MOSAIC_PLANES, mosaic_m_pad(m), cfg.block_n
   # int16 weight tile, the planes of x, scale rows (at most one group per plane, float32 scales
   # at worst) and bf16 zero points.
-  per_stage = (bn * span2 * 2 + MOSAIC_PLANES * mp * span2 * 2
+  x_plane = mp * span2 * 2
+  per_stage = (bn * span2 * 2 + (0 if cfg.x_slots else MOSAIC_PLANES * x_plane)
                + MOSAIC_PLANES * bn * (4 + (2 if asym else 0)))
   planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
-  if cfg.mma_sync and cfg.registers_a:         # x rows padded by 32 elements (mma_sync.PAD)
+  if cfg.mma_sync and cfg.registers_a and not cfg.x_slots:   # x rows padded by 32 elements
     per_stage += MOSAIC_PLANES * mp * 32 * 2
+  planes += cfg.x_slots * x_plane                # x's own ring (mosaic_xring.py)
   out_tile = 0 if cfg.out_registers and not cfg.direct_io else bn * mp * 4
   return cfg.num_stages * per_stage + planes + out_tile + 1024
 
@@ -334,9 +351,30 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
   if kp % cfg.split_k or (kp // cfg.split_k) % unit:
     raise NotImplementedError(f"split_k={cfg.split_k} does not cut K={kp} (padded) into whole "
                               f"blocks of {unit} rows")
+  if cfg.x_slots and cfg.stream_ctas:
+    raise NotImplementedError("x_slots (x's own ring) is written for the grid kernel only, "
+                              "not with stream_ctas")
+  if cfg.x_slots and cfg.x_slots < 2 * mosaic_scope_planes(cfg, m=m, k=k, group_size=group_size):
+    raise NotImplementedError(f"x_slots={cfg.x_slots} needs at least twice the "
+                              f"{mosaic_scope_planes(cfg, m=m, k=k, group_size=group_size)} "
+                              f"planes one wgmma scope reads")
   smem = mosaic_smem_bytes(cfg, m=m, asym=asym)
   if smem > SMEM_BYTES:
     raise NotImplementedError(f"config needs {smem} bytes of shared memory (> {SMEM_BYTES})")
+
+
+def mosaic_scope_planes(cfg: MosaicConfig, *, m: int, k: int, group_size: int) -> int:
+  """The most planes one wgmma scope of the grid kernel reads (``Statics.scope_planes``): a
+  step's groups share a scope while their accumulators fit ``acc_columns`` float32 columns."""
+  bk = cfg.block_k
+  unit = bk if group_size >= k else max(bk, group_size)
+  ks = -(-k // unit) * unit // cfg.split_k               # K rows of one split (padded)
+  seg = ks if group_size >= k else min(group_size, ks)  # rows sharing one scale
+  if seg >= bk:
+    return MOSAIC_PLANES                                 # one group a step: one scope
+  gps = bk // seg
+  per_scope = max(1, min(gps, (cfg.acc_columns or MOSAIC_ACC_COLUMNS) // mosaic_m_pad(m)))
+  return per_scope * (MOSAIC_PLANES // gps)
 
 
 def fit_mosaic_config(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
@@ -389,10 +427,12 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   XLA); above 16 rows, where x's planes make the CTAs large, only while the CTAs fit one
   wave. Without a K split and with more 64/128-feature tiles than one wave of CTAs holds, the
   stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces the grid.
-  65..128 rows: two stages, no SMEM output tile, at most two warpgroups; the 512-row steps do
-  not fit (NotImplementedError: ``mosaic.int4_matmul`` then runs a prepared weight in 64-row
-  chunks). ``block_k``: the K step of a prepared weight (``MosaicWeight.block_k``), else the
-  layout's default.
+  65..128 rows: two stages, no SMEM output tile, at most two warpgroups; where x's planes of
+  a step do not fit two stages (512-row steps above 72 rows) they get a ring of their own
+  (``x_slots = 4``, grid kernel), and where that does not fit either (groups as long as a
+  step, which need 8 slots) NotImplementedError (``mosaic.int4_matmul`` then runs a prepared
+  weight in 64-row chunks). ``block_k``: the K step of a prepared weight
+  (``MosaicWeight.block_k``), else the layout's default.
   """
   per_channel = group_size >= k
   bk = block_k or mosaic_layout.default_block_k(k, n, group_size)
@@ -404,10 +444,17 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # two stages with no SMEM output tile (``out_registers``); 512-row steps do not fit at all
   # (128 KB of x a stage), so a prepared weight of that layout runs 64-row chunks instead.
   wide = mosaic_m_pad(m) > MOSAIC_WIDE_M
-  cfg = fit_mosaic_config(MosaicConfig(block_n=64 if narrow else 128, block_k=bk,
-                                       num_stages=4 if narrow else 2 if wide else 3,
-                                       out_registers=wide), m=m, k=k,
-                          group_size=group_size, asym=asym, n=n)
+  base = MosaicConfig(block_n=64 if narrow else 128, block_k=bk,
+                      num_stages=4 if narrow else 2 if wide else 3, out_registers=wide)
+  try:
+    cfg = fit_mosaic_config(base, m=m, k=k, group_size=group_size, asym=asym, n=n)
+  except NotImplementedError:
+    if not wide:
+      raise
+    # 512-row steps above 72 rows: x's planes in a ring of their own (four 32 KB slots at 128
+    # rows) next to two stages of codes (mosaic_xring.py; not yet timed).
+    cfg = fit_mosaic_config(dataclasses.replace(base, x_slots=4), m=m, k=k,
+                            group_size=group_size, asym=asym, n=n)
   tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
   unit = bk if per_channel else max(bk, group_size)
   kp = -(-k // unit) * unit
@@ -435,8 +482,7 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # keep the grid. M = 17..64 (one CTA per SM: x's planes fill the SMEM): 64x8192x28672
   # 0.1069 -> 0.0952 ms, 32x8192x28672 0.0584 -> 0.0527 (session 18, results/w4a16/
   # 2026-12-04_s18_probe_m32_64.json).
-  if split == 1 and mosaic_m_pad(m) <= MOSAIC_MAX_M and (
-      -(-n // cfg.block_n) > per_sm(cfg) * num_sms):
+  if split == 1 and not cfg.x_slots and (-(-n // cfg.block_n) > per_sm(cfg) * num_sms):
     if not narrow and mosaic_m_pad(m) <= 16:
       # M = 9..16: four warpgroups sharing x's slice, two stages (one CTA per SM either way):
       # 0.0470 -> 0.0441 ms at 16x8192x28672 (H200, session 10; at M = 1 it was 7% slower).

@@ -5,8 +5,10 @@ transposed product ``y^T = W^T x^T``: the dequantized weight tile (64 output fea
 M side, which must be 64 rows per warpgroup, and the few activation rows are wgmma's N side,
 padded only to a multiple of 8. Computing ``x W`` directly would pad M = 1 up to 64. One call
 takes up to 128 rows (wgmma N = 128; two warpgroups at most, two stages of 256-row steps: x's
-planes are then 64 KB a stage), so a prefill chunk reads the weight once per 128 rows instead
-of once per 64; larger calls on a prepared weight run in equal chunks (``chunk_rows``).
+planes are then 64 KB a stage; on 512-row steps x's planes get a ring of their own,
+``MosaicConfig.x_slots``, ``mosaic_xring.py``), so a prefill chunk reads the weight once per
+128 rows instead of once per 64; larger calls on a prepared weight run in equal chunks
+(``chunk_rows``).
 
 Maths. Per group ``g`` of K rows with per-feature scale ``s_g[n]`` and zero ``z_g[n]``::
 
@@ -79,6 +81,7 @@ from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_p
 # The launch statics and the plane dequant, shared with mosaic_stream.py (names kept here too).
 from quant.matmul.mosaic_common import (ACC_COLUMNS, BN, PLANES, Statics, _MAGIC, _and_or,  # noqa: F401
                                         _codes, _tiled, mma_sync_group, pipeline_fits)
+from quant.matmul.mosaic_xring import XRing
 
 
 def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: Statics):
@@ -99,7 +102,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   output tile per warpgroup (none with ``st.out_registers``), and the ``ready`` / ``free``
   barriers of each ring slot.
   """
-  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring = scratch
+  (w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring, x_ready,
+   x_free) = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg = lax.axis_index("wg")
   planes = None if planes2 is None else planes2.at[wg]
@@ -107,6 +111,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   n0 = lax.axis_index("n") * (BN * wgs)
   t_base = lax.axis_index("k") * st.steps          # first global step of this split
   rows_per_scale = st.seg // st.block_k if st.long_groups else 1
+  # x's planes: in the step ring, or in their own (st.x_slots; mosaic_xring.py)
+  xr = XRing(st, xt_ref, x_ring, x_ready, x_free, plane0=t_base * PLANES, wg=wg)
   wgmma_layout = plgpu.Layout.WGMMA
   row_vec = plgpu.Layout.WGMMA.reduce(1)           # one value per row of a [64, *] tile
 
@@ -115,14 +121,9 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     slot = lax.rem(t, stages)
     gt = t_base + t
     bar = ready.at[slot]
-    if st.direct_x:
-      # Box [m_pad, span2] of x [M, K]: the TMA unit fills rows >= M and columns >= K with
-      # zeros (the matching weight codes and scales are zero-padded as well).
-      for p in range(PLANES):
-        cols = pl.ds((gt * PLANES + p) * span2, span2)
-        plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(0, st.m_pad), cols], x_ring.at[slot, p], bar)
-    else:
-      plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
+    # x's planes (with st.direct_x boxes [m_pad, span2] of x [M, K]: the TMA unit fills rows
+    # >= M and columns >= K with zeros; the matching codes and scales are zero-padded too).
+    xr.step_copy(gt, slot, bar)
     # Scale rows of this step: gps groups (short groups) or the one group it belongs to.
     g0 = gt // rows_per_scale if st.long_groups else gt * gps
     if scale_rows(s_ref) == 1:
@@ -187,10 +188,11 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
           neg_zero = plgpu.layout_cast(jnp.zeros((BN, span2), st.dtype) - zero, wgmma_layout)
         for j in range(planes_per_group):
           p = g * planes_per_group + j
+          x_t = xr.plane(t, slot, p).transpose((1, 0))   # (own x ring: waits for the plane)
           if st.fold_zero:
             # (B + q) x + (-(B + z)) x = (q - z) x, the subtraction done by the tensor cores.
-            plgpu.wgmma(acc_refs[i], _codes(codes, p, st), x_ring.at[slot, p].transpose((1, 0)))
-            plgpu.wgmma(acc_refs[i], neg_zero, x_ring.at[slot, p].transpose((1, 0)))
+            plgpu.wgmma(acc_refs[i], _codes(codes, p, st), x_t)
+            plgpu.wgmma(acc_refs[i], neg_zero, x_t)
             continue
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
           # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q. With
@@ -201,15 +203,17 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
             # WGMMA): no SMEM round trip, which would cost 4 bytes of SMEM traffic per weight
             # (store + wgmma read) against 0.5 for the packed codes. No wait per plane either:
             # the planes are separate registers, so all of a step's wgmmas can be in flight.
-            plgpu.wgmma(acc_refs[i], vals, x_ring.at[slot, p].transpose((1, 0)))
+            plgpu.wgmma(acc_refs[i], vals, x_t)
             continue
           if i * planes_per_group + j >= 2:
             plgpu.wgmma_wait(1)        # the wgmma that read this buffer (plane p - 2) is done
           buf = p % 2
           planes[buf] = vals
           plgpu.commit_smem()          # register stores -> visible to the async wgmma
-          plgpu.wgmma(acc_refs[i], planes.at[buf], x_ring.at[slot, p].transpose((1, 0)))
+          plgpu.wgmma(acc_refs[i], planes.at[buf], x_t)
       plgpu.wgmma_wait(0)              # planes and this slot may be overwritten after this
+      xr.release(t, tuple(g * planes_per_group + j for g in groups
+                          for j in range(planes_per_group)), lag=st.scope_planes)
       return [acc[...] for acc in acc_refs]
 
     # Groups share one scope (one wgmma_wait(0)) while their accumulators stay small: a wait per
@@ -273,6 +277,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   def _prologue():                                 # fill all but one slot
     for t in range(min(stages - 1, st.steps)):
       issue(t)
+    xr.prologue()                                  # (own x ring: its first x_slots planes)
 
   if st.pipeline:
     total = _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st)
@@ -297,6 +302,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     def _drain():
       for t in range(max(0, st.steps - stages), st.steps):
         plgpu.barrier_wait(free.at[t % stages])
+      xr.drain()
 
   if st.direct_out:
     # y^T tile -> y [M, N]: transposed register store into a [m_pad, 64] tile, then a TMA box
@@ -361,7 +367,7 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
   the stream-K kernel on the same scratch, its parts already summed: ``[1, Np, m_pad]``)."""
   np_ = layout.code_dims(qt)[0]
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
-  x_copies = PLANES if st.direct_x else 1
+  x_copies = 0 if st.x_slots else PLANES if st.direct_x else 1
   copies = (x_copies + wgs * (2 if st.sym else 3)   # TMA copies (barrier arrivals) per step
             + (1 if st.late_zero else 0))
   out_type = (jax.ShapeDtypeStruct(out_shape, st.dtype) if st.direct_out
@@ -371,6 +377,8 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
   tiled = _tiled(span2)
   x_ring = (plgpu.SMEM((stages, PLANES, st.m_pad, mma_sync.pitch(span2)), st.dtype)
             if st.mma_sync else                                   # fragment order, padded rows
+            plgpu.SMEM((st.x_slots, st.m_pad, span2), st.dtype, transforms=tiled)
+            if st.x_slots else                                    # x's own ring (one plane a slot)
             plgpu.SMEM((stages, PLANES, st.m_pad, span2), st.dtype, transforms=tiled))
   scratch = (
       plgpu.SMEM((stages, wgs, BN, span2), jnp.int16, transforms=tiled),          # codes
@@ -383,6 +391,9 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
       plgpu.Barrier(num_arrivals=copies, num_barriers=stages),                    # ring ready
       plgpu.Barrier(num_arrivals=wgs, num_barriers=stages) if wgs > 1 else None,  # ring free
       plgpu.SMEM((stages, xs_rows(st), st.m_pad), jnp.float32) if st.late_zero else None,
+      plgpu.Barrier(num_arrivals=1, num_barriers=st.x_slots) if st.x_slots else None,  # x ready
+      (plgpu.Barrier(num_arrivals=wgs, num_barriers=st.x_slots)
+       if st.x_slots and wgs > 1 else None),                                      # x free
   )
   if plan is not None:
     from quant.matmul import mosaic_stream  # pylint: disable=import-outside-toplevel
@@ -574,16 +585,22 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # pipeline: one step of wgmmas in flight in the grid kernel (where its registers fit); one
   # group's in stream-K (mosaic_stream._group_pipeline: two accumulators, an even group count).
   # Above 64 rows two float32 accumulators and the total would not fit the registers.
+  # x's own ring (grid kernel only: check_mosaic_shape refuses it with stream-K) reads x by
+  # plane, which the pipelined loop and the mma.sync form (a step's planes at once) do not.
+  x_slots = 0 if stream else cfg.x_slots
   pipelined = (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
-               else st.pipeline_fits)
+               else st.pipeline_fits and not x_slots)
   st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
-                           direct_out=direct_out)
+                           direct_out=direct_out, x_slots=x_slots)
+  if x_slots and x_slots < 2 * st.scope_planes:
+    raise NotImplementedError(f"x_slots={x_slots} needs at least twice the {st.scope_planes} "
+                              f"planes one wgmma scope reads")
   # mma.sync: 8 or 16 rows, whole 16-byte x chunks per thread, wgmma-free forms (interpret mode
   # emulates the product from the same fragment-ordered x ring).
   st = dataclasses.replace(st, mma_sync=(
       cfg.mma_sync and cfg.registers_a and m_pad in mma_sync.ROWS and span2 in mma_sync.SPANS
-      and not (direct_x or st.pipeline or st.fold_zero)))
+      and not (direct_x or st.pipeline or st.fold_zero or st.x_slots)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
   st = dataclasses.replace(st, out_registers=cfg.out_registers and not direct_out)

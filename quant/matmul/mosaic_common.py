@@ -19,12 +19,13 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, llvm
 
 from quant.matmul import layout, mma_sync
+from quant.matmul.config import MOSAIC_ACC_COLUMNS
 
 # 16-bit pattern of B with B + q exact for q < 16 (OR q into the mantissa), by operand dtype.
 _MAGIC = {jnp.dtype(jnp.bfloat16): (0x4300, 128.0), jnp.dtype(jnp.float16): (0x6400, 1024.0)}
 PLANES = layout.PLANES
 BN = layout.TILE_N
-ACC_COLUMNS = 64       # default budget of live group accumulators (``MosaicConfig.acc_columns``)
+ACC_COLUMNS = MOSAIC_ACC_COLUMNS   # default budget of live group accumulators (grid kernel)
 PIPELINE_REGISTERS = 96   # per-thread budget of the pipelined loop's float32 tiles
 
 
@@ -64,6 +65,8 @@ class Statics:
   acc_columns: int = ACC_COLUMNS   # float32 columns of group accumulators live in one scope
   out_registers: bool = False  # float32 partials stored from registers to GMEM (8-byte stores):
                                # no output tile in SMEM (``MosaicConfig.out_registers``)
+  x_slots: int = 0            # x's planes in a ring of their own (mosaic_xring.py); 0: x
+                              # travels with its step in the step ring
 
   @property
   def span2(self) -> int:
@@ -84,6 +87,11 @@ class Statics:
     """Group accumulators live at once (sharing one wgmma wait): at most ``acc_columns``
     float32 columns (``acc_columns / 2`` registers a thread)."""
     return max(1, min(self.groups_per_step, self.acc_columns // self.m_pad))
+
+  @property
+  def scope_planes(self) -> int:
+    """The most planes one wgmma scope reads (``mosaic_xring``'s refill lag)."""
+    return self.groups_per_scope * (PLANES // self.groups_per_step)
 
   @property
   def pipeline_fits(self) -> bool:

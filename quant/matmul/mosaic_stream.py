@@ -105,7 +105,7 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
   Refs and scratch as ``mosaic.w4a16_kernel`` (x in planes ``[Kp/span2, m_pad, span2]``), but
   the output is ``parts [P, Np, m_pad]`` float32 (see the module docstring).
   """
-  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring = scratch
+  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring, _, _ = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
   planes = None if planes2 is None else planes2.at[wg]

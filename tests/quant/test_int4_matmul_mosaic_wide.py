@@ -1,11 +1,14 @@
-"""Mosaic GPU W4A16 kernel at 65..128 rows of x (one call; ``MOSAIC_WIDE_M < M <= MOSAIC_MAX_M``)
-and the chunking of larger calls on a prepared weight. Interpret-mode correctness (one warpgroup:
-see ``test_int4_matmul_mosaic.py`` on multi-warpgroup interpret runs), the config rules (two
-warpgroups at most, two stages, no SMEM output tile; 512-row steps do not fit), the chunk sizes,
-lowering for sm90 on a CPU host, and compiled runs (GPU only). Same numerical rule as
-``test_int4_matmul_mosaic.py``.
+"""Mosaic GPU W4A16 kernel at 65..128 rows of x (one call; ``MOSAIC_WIDE_M < M <= MOSAIC_MAX_M``),
+x's own ring of planes (``MosaicConfig.x_slots``, ``mosaic_xring.py``) and the chunking of larger
+calls on a prepared weight. Interpret-mode correctness (one warpgroup: see
+``test_int4_matmul_mosaic.py`` on multi-warpgroup interpret runs), the config rules (two
+warpgroups at most, two stages, no SMEM output tile; x's own ring where a step's planes do not
+fit), the chunk sizes, lowering for sm90 on a CPU host, and compiled runs (GPU only). Same
+numerical rule as ``test_int4_matmul_mosaic.py``.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +19,7 @@ from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
 from quant.matmul.config import (MOSAIC_MAX_M, MOSAIC_WIDE_M, SMEM_BYTES, MosaicConfig,
                                  check_mosaic_shape, default_mosaic_config, fit_mosaic_config,
-                                 mosaic_smem_bytes)
+                                 mosaic_scope_planes, mosaic_smem_bytes)
 from test_int4_matmul_mosaic import BF16, F16, _abstract_weight, _h200
 from test_int4_matmul_triton import _check, _weight, _x
 
@@ -33,12 +36,18 @@ CASES = [
      MosaicConfig(block_n=64, block_k=256, num_stages=2, split_k=2, out_registers=True)),
     (72, 512, 192, 32, False, False, BF16, False,
      MosaicConfig(block_n=64, block_k=128, num_stages=3, stream_ctas=4, out_registers=True)),
+    # x's own ring: 512-row steps at 100 rows, g128 (one plane a scope); per-channel with a K
+    # split (a step's four planes in one scope: eight slots).
+    (100, 2048, 128, 128, False, True, BF16, True,
+     MosaicConfig(block_n=64, block_k=512, num_stages=2, x_slots=4, out_registers=True)),
+    (8, 1536, 64, -1, False, False, F16, False,
+     MosaicConfig(block_n=64, block_k=128, num_stages=2, x_slots=8, split_k=3)),
 ]
 
 
 @pytest.mark.parametrize("m,k,n,group_size,sym,act_order,dtype,bias,config", CASES,
                          ids=["m127_default", "m128_smem_tile", "m100_split_per_channel",
-                              "m72_stream"])
+                              "m72_stream", "m100_x_ring", "m8_x_ring_split_per_channel"])
 def test_matches_reference(m, k, n, group_size, sym, act_order, dtype, bias, config):
   qw = _weight(k, n, group_size=group_size, sym=sym, act_order=act_order, seed=m)
   x = _x(m, k, dtype, seed=m + 1)
@@ -59,13 +68,58 @@ def test_default_config_above_64_rows(m, k, n):
   assert -(-n // 128) * cfg.split_k <= per_sm * 132
 
 
-def test_512_row_steps_do_not_fit_128_rows():
-  """x's planes of a 512-row step are 128 KB at 128 rows: the heuristic declines (a prepared
-  weight of that layout then runs in chunks of at most 64 rows), though 65..72 rows still fit."""
-  with pytest.raises(NotImplementedError, match="shared memory"):
-    default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
+def test_512_row_steps_take_x_ring_above_72_rows():
+  """x's planes of a 512-row step are 128 KB at 128 rows, too much for two stages of the step
+  ring: the heuristic gives them a ring of their own (four 32 KB slots, grid kernel); 65..72
+  rows still fit the step ring (stream-K). Groups as long as a step would need eight slots: no
+  config (a prepared weight of that layout then runs 64-row chunks)."""
+  cfg = default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
+  assert (cfg.block_n, cfg.block_k, cfg.num_stages, cfg.x_slots, cfg.stream_ctas) == (
+      128, 512, 2, 4, 0)
+  assert mosaic_smem_bytes(cfg, m=128, asym=True) == (
+      2 * (128 * 128 * 2 + 4 * 128 * 6) + 4 * 128 * 128 * 2 + 1024)
   cfg = default_mosaic_config(m=65, k=8192, n=28672, group_size=128)
-  assert cfg.block_k == 512 and mosaic_smem_bytes(cfg, m=65, asym=True) <= SMEM_BYTES
+  assert cfg.block_k == 512 and cfg.x_slots == 0 and cfg.stream_ctas > 0
+  assert mosaic_smem_bytes(cfg, m=65, asym=True) <= SMEM_BYTES
+  with pytest.raises(NotImplementedError, match="twice the 4 planes"):
+    default_mosaic_config(m=128, k=8192, n=28672, group_size=8192)
+
+
+@pytest.mark.parametrize("block_k,group_size,m,planes", [(512, 128, 128, 1), (256, 128, 40, 2),
+                                                         (256, 128, 16, 4), (512, 4096, 16, 4),
+                                                         (128, 32, 100, 1)])
+def test_scope_planes(block_k, group_size, m, planes):
+  """The planes one wgmma scope reads: a step's groups share a scope while their float32
+  accumulators fit 64 columns (x's own ring needs twice as many slots)."""
+  cfg = MosaicConfig(block_k=block_k, num_stages=2)
+  assert mosaic_scope_planes(cfg, m=m, k=4096, group_size=group_size) == planes
+  ok = dataclasses.replace(cfg, x_slots=max(2, 2 * planes), block_n=64)
+  check_mosaic_shape(ok, m=m, k=4096, group_size=group_size)
+  if planes > 1:
+    with pytest.raises(NotImplementedError, match="x_slots"):
+      check_mosaic_shape(dataclasses.replace(ok, x_slots=2 * planes - 1), m=m, k=4096,
+                         group_size=group_size)
+
+
+def test_x_slots_validation():
+  for bad in (1, 17, True, -2, 2.0):
+    with pytest.raises(ValueError, match="x_slots"):
+      MosaicConfig(x_slots=bad)
+  with pytest.raises(NotImplementedError, match="grid kernel"):
+    check_mosaic_shape(MosaicConfig(block_k=512, num_stages=2, x_slots=4, stream_ctas=132),
+                       m=128, k=8192, group_size=128)
+
+
+def test_x_ring_is_bitwise_the_step_ring():
+  """Same planes, same wgmmas, same order of additions: x's own ring (five slots, so the slot
+  of a plane wraps around the ring at another place in each step) gives the step ring's bits."""
+  qw = _weight(1024, 64, group_size=128, sym=True, act_order=False, seed=3)
+  x = _x(40, 1024, BF16, seed=4)
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2, x_slots=5)
+  outs = [quant.int4_matmul(x, qw, implementation="mosaic", interpret=True,
+                            config=dataclasses.replace(cfg, x_slots=s)) for s in (0, 5)]
+  assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
+  _check(outs[1], x, qw, None)
 
 
 def test_four_warpgroups_are_refused_above_64_rows():
@@ -80,15 +134,18 @@ def test_four_warpgroups_are_refused_above_64_rows():
     check_mosaic_shape(cfg, m=MOSAIC_MAX_M + 1, k=4096, group_size=128)
 
 
-@pytest.mark.parametrize("k,n,block_k,m,rows", [
-    (28672, 8192, 256, 64, 64), (28672, 8192, 256, 128, 128), (28672, 8192, 256, 200, 100),
-    (28672, 8192, 256, 300, 100), (28672, 8192, 256, 1000, 125),
-    (8192, 28672, 512, 72, 72), (8192, 28672, 512, 128, 64), (8192, 28672, 512, 200, 50),
-    (8192, 28672, 512, 256, 64), (8192, 28672, 512, 20, 20),
+@pytest.mark.parametrize("k,n,block_k,group_size,m,rows", [
+    (28672, 8192, 256, 128, 64, 64), (28672, 8192, 256, 128, 128, 128),
+    (28672, 8192, 256, 128, 200, 100), (28672, 8192, 256, 128, 300, 100),
+    (28672, 8192, 256, 128, 1000, 125), (8192, 28672, 512, 128, 72, 72),
+    (8192, 28672, 512, 128, 128, 128), (8192, 28672, 512, 128, 200, 100),
+    (8192, 28672, 512, 128, 20, 20), (8192, 28672, 512, -1, 128, 64),
+    (8192, 28672, 512, -1, 200, 50),
 ])
-def test_chunk_rows(k, n, block_k, m, rows):
-  """Equal chunks of at most 128 rows where the weight's step fits them, else of at most 64."""
-  qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
+def test_chunk_rows(k, n, block_k, group_size, m, rows):
+  """Equal chunks of at most 128 rows where the weight's step fits them, else of at most 64
+  (per-channel scales on 512-row steps: a step's four planes in one scope, eight x slots)."""
+  qw = _abstract_weight(k, n, group_size=group_size, sym=False, act_order=False)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
   assert w4_mosaic.chunk_rows(m, mw) == rows
   assert rows <= (MOSAIC_MAX_M if rows > MOSAIC_WIDE_M else MOSAIC_WIDE_M)
@@ -137,12 +194,18 @@ def test_compiled_on_gpu(m, group_size, sym, act_order):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [100, 128])
-def test_compiled_512_row_steps_run_in_64_row_chunks(m):
-  """A weight prepared with 512-row steps cannot take 128 rows at once: chunks of <= 64."""
+def test_compiled_x_ring(m):
+  """512-row steps at 100 / 128 rows: x's own ring (the default there), bitwise the step ring
+  where that fits (100 rows with one warpgroup), and correct by the ratio rule."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
   qw = _weight(2048, 512, group_size=128, sym=False, act_order=False)
   x = _x(m, 2048, BF16, seed=m)
   mw = layout.prepare_mosaic(qw, block_k=512)
-  assert w4_mosaic.chunk_rows(m, mw) <= MOSAIC_WIDE_M
+  assert w4_mosaic.chunk_rows(m, mw) == m
   _check(w4_mosaic.int4_matmul(x, mw, interpret=False), x, qw, None)
+  cfg = MosaicConfig(block_n=64, block_k=512, num_stages=2, out_registers=True, x_slots=4)
+  if m == 100:
+    outs = [w4_mosaic.int4_matmul(x, mw, interpret=False,
+                                  config=dataclasses.replace(cfg, x_slots=s)) for s in (0, 4)]
+    assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
