@@ -200,12 +200,11 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     ("acc256", "base", dict(acc_columns=256)),
     # Session 19: stream-K with one group's wgmmas in flight (MosaicConfig.pipeline there).
     ("pipe", "base", dict(pipeline=True)),
-    # Session 20: x's planes in a ring of their own (MosaicConfig.x_slots; grid kernel only):
-    # the default's ring at 128 rows on 512-row steps, its depth, and the step ring for
-    # comparison where both fit (x ring on the grid at 40-64 rows).
-    ("xring4", "base", dict(x_slots=4, stream_ctas=0)),
-    ("xring6", "base", dict(x_slots=6, stream_ctas=0)),
-    ("stepring_grid", "base", dict(x_slots=0, stream_ctas=0)),
+    # Session 20: x's planes in a ring of their own (MosaicConfig.x_slots): the default's ring
+    # at 128 rows on 512-row steps (stream-K there), its depth, the grid instead of stream-K,
+    # and at 40-64 rows (where the step ring fits too) the x ring against it.
+    ("xring4", "base", dict(x_slots=4)), ("xring6", "base", dict(x_slots=6)),
+    ("xring4_grid", "base", dict(x_slots=4, stream_ctas=0)),
     ("base_again", "base", {}),
 )
 

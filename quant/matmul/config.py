@@ -258,10 +258,9 @@ class MosaicConfig:
   stream-K kernel. H200 (session 19): one scope for a 512-row step's 4 groups was 4% slower at
   16 x 8192 x 28672 (four warpgroups, 128 registers a thread) than a scope per group, level at
   32 rows; 2 groups a scope at 64 rows 0.5-1.4% faster, 4 there up to 22% slower.
-  ``x_slots`` (0 = off; grid kernel only, NotImplementedError with ``stream_ctas``): x's planes
-  in a TMA ring of their own, ``x_slots`` slots of one plane (``m_pad * block_k / 4 * 2``
-  bytes), refilled plane by plane, while codes, scales and zeros keep the step ring
-  (``mosaic_xring.py``). By default a slot of the step ring holds a whole step of x, 128 KB at
+  ``x_slots`` (0 = off): x's planes in a TMA ring of their own, ``x_slots`` slots of one
+  plane (``m_pad * block_k / 4 * 2`` bytes), refilled plane by plane, while codes, scales and
+  zeros keep the step ring (``mosaic_xring.py``; grid and stream-K kernels). By default a slot of the step ring holds a whole step of x, 128 KB at
   128 rows of 512-row steps, so two stages do not fit there; with four x slots they take 128
   KB in all. Needs at least twice the planes one wgmma scope reads (1 for g128 on 512-row
   steps above 64 rows; 4 for groups as long as a step). ``pipeline`` and ``mma_sync`` are
@@ -351,9 +350,6 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
   if kp % cfg.split_k or (kp // cfg.split_k) % unit:
     raise NotImplementedError(f"split_k={cfg.split_k} does not cut K={kp} (padded) into whole "
                               f"blocks of {unit} rows")
-  if cfg.x_slots and cfg.stream_ctas:
-    raise NotImplementedError("x_slots (x's own ring) is written for the grid kernel only, "
-                              "not with stream_ctas")
   if cfg.x_slots and cfg.x_slots < 2 * mosaic_scope_planes(cfg, m=m, k=k, group_size=group_size):
     raise NotImplementedError(f"x_slots={cfg.x_slots} needs at least twice the "
                               f"{mosaic_scope_planes(cfg, m=m, k=k, group_size=group_size)} "
@@ -373,7 +369,9 @@ def mosaic_scope_planes(cfg: MosaicConfig, *, m: int, k: int, group_size: int) -
   if seg >= bk:
     return MOSAIC_PLANES                                 # one group a step: one scope
   gps = bk // seg
-  per_scope = max(1, min(gps, (cfg.acc_columns or MOSAIC_ACC_COLUMNS) // mosaic_m_pad(m)))
+  # automatic acc_columns: the grid kernel's budget; one group a scope in stream-K
+  acc = cfg.acc_columns or (8 if cfg.stream_ctas else MOSAIC_ACC_COLUMNS)
+  per_scope = max(1, min(gps, acc // mosaic_m_pad(m)))
   return per_scope * (MOSAIC_PLANES // gps)
 
 
@@ -429,7 +427,7 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces the grid.
   65..128 rows: two stages, no SMEM output tile, at most two warpgroups; where x's planes of
   a step do not fit two stages (512-row steps above 72 rows) they get a ring of their own
-  (``x_slots = 4``, grid kernel), and where that does not fit either (groups as long as a
+  (``x_slots = 4``), and where that does not fit either (groups as long as a
   step, which need 8 slots) NotImplementedError (``mosaic.int4_matmul`` then runs a prepared
   weight in 64-row chunks). ``block_k``: the K step of a prepared weight
   (``MosaicWeight.block_k``), else the layout's default.
@@ -452,7 +450,8 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
     if not wide:
       raise
     # 512-row steps above 72 rows: x's planes in a ring of their own (four 32 KB slots at 128
-    # rows) next to two stages of codes (mosaic_xring.py; not yet timed).
+    # rows) next to two stages of codes (mosaic_xring.py; not yet timed; stream-K below where
+    # the tiles exceed one wave, as for the step ring).
     cfg = fit_mosaic_config(dataclasses.replace(base, x_slots=4), m=m, k=k,
                             group_size=group_size, asym=asym, n=n)
   tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
@@ -482,7 +481,7 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # keep the grid. M = 17..64 (one CTA per SM: x's planes fill the SMEM): 64x8192x28672
   # 0.1069 -> 0.0952 ms, 32x8192x28672 0.0584 -> 0.0527 (session 18, results/w4a16/
   # 2026-12-04_s18_probe_m32_64.json).
-  if split == 1 and not cfg.x_slots and (-(-n // cfg.block_n) > per_sm(cfg) * num_sms):
+  if split == 1 and (-(-n // cfg.block_n) > per_sm(cfg) * num_sms):
     if not narrow and mosaic_m_pad(m) <= 16:
       # M = 9..16: four warpgroups sharing x's slice, two stages (one CTA per SM either way):
       # 0.0470 -> 0.0441 ms at 16x8192x28672 (H200, session 10; at M = 1 it was 7% slower).

@@ -112,7 +112,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   t_base = lax.axis_index("k") * st.steps          # first global step of this split
   rows_per_scale = st.seg // st.block_k if st.long_groups else 1
   # x's planes: in the step ring, or in their own (st.x_slots; mosaic_xring.py)
-  xr = XRing(st, xt_ref, x_ring, x_ready, x_free, plane0=t_base * PLANES, wg=wg)
+  xr = XRing(st, xt_ref, x_ring, x_ready, x_free, step_of=lambda t: t_base + t, steps=st.steps,
+             wg=wg)
   wgmma_layout = plgpu.Layout.WGMMA
   row_vec = plgpu.Layout.WGMMA.reduce(1)           # one value per row of a [64, *] tile
 
@@ -585,11 +586,11 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # pipeline: one step of wgmmas in flight in the grid kernel (where its registers fit); one
   # group's in stream-K (mosaic_stream._group_pipeline: two accumulators, an even group count).
   # Above 64 rows two float32 accumulators and the total would not fit the registers.
-  # x's own ring (grid kernel only: check_mosaic_shape refuses it with stream-K) reads x by
-  # plane, which the pipelined loop and the mma.sync form (a step's planes at once) do not.
-  x_slots = 0 if stream else cfg.x_slots
-  pipelined = (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
-               else st.pipeline_fits and not x_slots)
+  # x's own ring reads x by plane, which the pipelined loops and the mma.sync form (a step's
+  # planes at once) do not.
+  x_slots = cfg.x_slots
+  pipelined = not x_slots and (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
+                               else st.pipeline_fits)
   st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out, x_slots=x_slots)

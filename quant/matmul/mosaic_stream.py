@@ -49,6 +49,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
 from quant.matmul.mosaic_common import BN, PLANES, Statics, _codes, mma_sync_group
+from quant.matmul.mosaic_xring import XRing
 from quant.matmul.mosaic_io import scale_rows, split_refs, weight_boxes, zero_offset
 
 
@@ -105,7 +106,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
   Refs and scratch as ``mosaic.w4a16_kernel`` (x in planes ``[Kp/span2, m_pad, span2]``), but
   the output is ``parts [P, Np, m_pad]`` float32 (see the module docstring).
   """
-  w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring, _, _ = scratch
+  (w_ring, x_ring, s_ring, z_ring, planes2, o_smem2, ready, free, xs_ring, x_ready,
+   x_free) = scratch
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
   wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
   planes = None if planes2 is None else planes2.at[wg]
@@ -121,11 +123,16 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     """(tile, step within the tile) of local unit t."""
     return lax.div(u0 + t, steps), lax.rem(u0 + t, steps)
 
+  # x's planes: in the step ring, or in their own (st.x_slots; mosaic_xring.py), whose planes
+  # follow the units across tile boundaries like the step ring does.
+  xr = XRing(st, xt_ref, x_ring, x_ready, x_free, step_of=lambda t: unit(t)[1], steps=count,
+             wg=wg)
+
   def issue(t):
     tile, gt = unit(t)
     slot = lax.rem(t, stages)
     bar = ready.at[slot]
-    plgpu.copy_gmem_to_smem(xt_ref.at[pl.ds(gt * PLANES, PLANES)], x_ring.at[slot], bar)
+    xr.step_copy(gt, slot, bar)
     g0 = 0 if scale_rows(s_ref) == 1 else (
         gt // rows_per_scale if st.long_groups else gt * gps)
     if st.late_zero:
@@ -170,17 +177,20 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
       for i, (g, zero) in enumerate(zip(groups, zeros)):
         for j in range(per_group):
           p = g * per_group + j
+          x_t = xr.plane(t, slot, p).transpose((1, 0))   # (own x ring: waits for the plane)
           # (B + q) - (B + z) = q - z, exact; or B + q, its offset taken off below (late_zero)
           vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
           if st.registers_a:
-            plgpu.wgmma(acc_refs[i], vals, x_ring.at[slot, p].transpose((1, 0)))
+            plgpu.wgmma(acc_refs[i], vals, x_t)
             continue
           if i * per_group + j >= 2:
             plgpu.wgmma_wait(1)                    # plane p - 2's buffer has been read
           planes[p % 2] = vals
           plgpu.commit_smem()
-          plgpu.wgmma(acc_refs[i], planes.at[p % 2], x_ring.at[slot, p].transpose((1, 0)))
+          plgpu.wgmma(acc_refs[i], planes.at[p % 2], x_t)
       plgpu.wgmma_wait(0)
+      xr.release(t, tuple(g * per_group + j for g in groups for j in range(per_group)),
+                 lag=st.scope_planes)
       return [acc[...] for acc in acc_refs]
 
     def add(total, g, part):
@@ -208,6 +218,7 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
   def _prologue():
     for t in range(stages - 1):
       pl.when(t < count)(functools.partial(issue, t))
+    xr.prologue()                                  # (own x ring: its first x_slots planes)
 
   zeros = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
 
@@ -245,6 +256,7 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
       @pl.loop(jnp.maximum(count - stages, 0), count)
       def _(t):
         plgpu.barrier_wait(free.at[lax.rem(t, stages)])
+      xr.drain()
   plgpu.wait_smem_to_gmem(0)
 
 

@@ -34,14 +34,16 @@ class XRing:
   ``xt_ref``: x in planes ``[Kp/span2, m_pad, span2]`` (``st.direct_x``: x ``[M, K]``);
   ``x_ring``: SMEM ``[stages, PLANES, m_pad, span2]`` or ``[x_slots, m_pad, span2]``;
   ``ready`` / ``free``: the plane ring's barriers (None without it; ``free`` None with one
-  warpgroup); ``plane0``: the first global plane of the CTA's K slice; ``wg``: this warpgroup.
+  warpgroup); ``step_of``: local step (or stream-K unit) -> the global K step it reads;
+  ``steps``: local steps of this CTA (an int, or traced in stream-K); ``wg``: this warpgroup.
   """
   st: Statics
   xt_ref: object
   x_ring: object
   ready: object
   free: object
-  plane0: object
+  step_of: object
+  steps: object
   wg: object
 
   @property
@@ -49,14 +51,14 @@ class XRing:
     return self.st.x_slots > 0
 
   @property
-  def count(self) -> int:
-    """Planes of the CTA's K slice."""
-    return self.st.steps * PLANES
+  def count(self):
+    """Planes this CTA reads."""
+    return self.steps * PLANES
 
   def _issue(self, j):
-    """TMA of plane ``j`` into slot ``j % x_slots`` (one arrival on its ``ready`` barrier)."""
+    """TMA of local plane ``j`` into slot ``j % x_slots`` (one arrival on its ``ready``)."""
     st, slot = self.st, lax.rem(j, self.st.x_slots)
-    gp = self.plane0 + j
+    gp = self.step_of(lax.div(j, PLANES)) * PLANES + lax.rem(j, PLANES)
     if st.direct_x:   # box [m_pad, span2] of x [M, K]: rows >= M, columns >= K zero-filled
       src = self.xt_ref.at[pl.ds(0, st.m_pad), pl.ds(gp * st.span2, st.span2)]
     else:
@@ -79,9 +81,14 @@ class XRing:
 
   def prologue(self) -> None:
     """Warpgroup 0, before the loop: the first ``x_slots`` planes."""
-    if self.own:
-      for j in range(min(self.st.x_slots, self.count)):
-        self._issue(j)
+    if not self.own:
+      return
+    for j in range(self.st.x_slots):
+      if isinstance(self.count, int):
+        if j < self.count:
+          self._issue(j)
+      else:
+        pl.when(j < self.count)(lambda j=j: self._issue(jnp.int32(j)))
 
   def plane(self, t, slot, p):
     """Plane ``p`` of local step ``t`` (step ring slot ``slot``), ``[m_pad, span2]``; with its
@@ -117,5 +124,12 @@ class XRing:
     ``x_slots`` planes'; the interpreter checks every phase)."""
     if not self.own or self.free is None:
       return
-    for j in range(max(0, self.count - self.st.x_slots), self.count):
-      plgpu.barrier_wait(self.free.at[j % self.st.x_slots])
+    xs = self.st.x_slots
+    if isinstance(self.count, int):
+      for j in range(max(0, self.count - xs), self.count):
+        plgpu.barrier_wait(self.free.at[j % xs])
+      return
+
+    @pl.loop(jnp.maximum(self.count - xs, 0), self.count)
+    def _(j):
+      plgpu.barrier_wait(self.free.at[lax.rem(j, xs)])

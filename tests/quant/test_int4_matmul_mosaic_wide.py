@@ -9,6 +9,7 @@ numerical rule as ``test_int4_matmul_mosaic.py``.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -70,12 +71,12 @@ def test_default_config_above_64_rows(m, k, n):
 
 def test_512_row_steps_take_x_ring_above_72_rows():
   """x's planes of a 512-row step are 128 KB at 128 rows, too much for two stages of the step
-  ring: the heuristic gives them a ring of their own (four 32 KB slots, grid kernel); 65..72
-  rows still fit the step ring (stream-K). Groups as long as a step would need eight slots: no
-  config (a prepared weight of that layout then runs 64-row chunks)."""
+  ring: the heuristic gives them a ring of their own (four 32 KB slots; stream-K, as 224 tiles
+  are more than one wave); 65..72 rows still fit the step ring. Groups as long as a step would
+  need eight slots: no config (a prepared weight of that layout then runs 64-row chunks)."""
   cfg = default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
   assert (cfg.block_n, cfg.block_k, cfg.num_stages, cfg.x_slots, cfg.stream_ctas) == (
-      128, 512, 2, 4, 0)
+      128, 512, 2, 4, 132)
   assert mosaic_smem_bytes(cfg, m=128, asym=True) == (
       2 * (128 * 128 * 2 + 4 * 128 * 6) + 4 * 128 * 128 * 2 + 1024)
   cfg = default_mosaic_config(m=65, k=8192, n=28672, group_size=128)
@@ -105,19 +106,25 @@ def test_x_slots_validation():
   for bad in (1, 17, True, -2, 2.0):
     with pytest.raises(ValueError, match="x_slots"):
       MosaicConfig(x_slots=bad)
-  with pytest.raises(NotImplementedError, match="grid kernel"):
-    check_mosaic_shape(MosaicConfig(block_k=512, num_stages=2, x_slots=4, stream_ctas=132),
-                       m=128, k=8192, group_size=128)
+  # stream-K's automatic scopes hold one group (the grid's up to 64 float32 columns)
+  stream = MosaicConfig(block_k=256, num_stages=2, stream_ctas=132)
+  assert mosaic_scope_planes(stream, m=16, k=4096, group_size=128) == 2
+  assert mosaic_scope_planes(dataclasses.replace(stream, stream_ctas=0), m=16, k=4096,
+                             group_size=128) == 4
 
 
-def test_x_ring_is_bitwise_the_step_ring():
-  """Same planes, same wgmmas, same order of additions: x's own ring (five slots, so the slot
-  of a plane wraps around the ring at another place in each step) gives the step ring's bits."""
-  qw = _weight(1024, 64, group_size=128, sym=True, act_order=False, seed=3)
+@pytest.mark.parametrize("stream_ctas", [0, 5])
+def test_x_ring_is_bitwise_the_step_ring(stream_ctas):
+  """Same planes, same wgmmas, same order of additions: x's own ring (grid: five slots, so a
+  plane's slot wraps around the ring at another place in each step; stream-K: four slots, 12
+  units of 3 tiles on 5 CTAs, so the planes follow the units across tile boundaries) gives the
+  step ring's bits."""
+  n, slots = (64, 5) if not stream_ctas else (192, 4)
+  qw = _weight(1024, n, group_size=128, sym=True, act_order=False, seed=3)
   x = _x(40, 1024, BF16, seed=4)
-  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2, x_slots=5)
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2, stream_ctas=stream_ctas)
   outs = [quant.int4_matmul(x, qw, implementation="mosaic", interpret=True,
-                            config=dataclasses.replace(cfg, x_slots=s)) for s in (0, 5)]
+                            config=dataclasses.replace(cfg, x_slots=s)) for s in (0, slots)]
   assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
   _check(outs[1], x, qw, None)
 
@@ -159,7 +166,7 @@ def test_chunk_rows(k, n, block_k, group_size, m, rows):
                                            (256, 4096, 1024, 256), (128, 8192, 28672, 512)])
 def test_lowers_for_h200(m, k, n, block_k):
   """The compiled form lowers to one Mosaic GPU kernel (in a loop where the call is chunked),
-  and its output at 65..128 rows is the [split, Np, m_pad] float32 partials of one call."""
+  and its output at 65..128 rows is the [parts, Np, m_pad] float32 partials of one call."""
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
   qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
@@ -169,12 +176,13 @@ def test_lowers_for_h200(m, k, n, block_k):
   with _h200():
     text = jax.jit(f).trace(x, mw).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
-  rows = w4_mosaic.chunk_rows(m, mw)
-  chunked = rows < m
-  assert ("while" in text) == chunked
-  if not chunked:
-    cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k)
-    assert f"tensor<{cfg.split_k}x{n}x{-(-m // 8) * 8}xf32>" in text
+  if w4_mosaic.chunk_rows(m, mw) < m:
+    assert "while" in text                         # the chunks' loop
+    return
+  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k)
+  # the kernel's float32 partials: one per K split, or per stream-K part slot
+  parts = cfg.split_k if not cfg.stream_ctas else "[0-9]+"
+  assert re.search(f"tensor<{parts}x{n}x{-(-m // 8) * 8}xf32>", text)
 
 
 @pytest.mark.gpu
@@ -196,7 +204,8 @@ def test_compiled_on_gpu(m, group_size, sym, act_order):
 @pytest.mark.parametrize("m", [100, 128])
 def test_compiled_x_ring(m):
   """512-row steps at 100 / 128 rows: x's own ring (the default there), bitwise the step ring
-  where that fits (100 rows with one warpgroup), and correct by the ratio rule."""
+  where that fits (100 rows with one warpgroup; grid and stream-K), and correct by the ratio
+  rule."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
   qw = _weight(2048, 512, group_size=128, sym=False, act_order=False)
@@ -206,6 +215,7 @@ def test_compiled_x_ring(m):
   _check(w4_mosaic.int4_matmul(x, mw, interpret=False), x, qw, None)
   cfg = MosaicConfig(block_n=64, block_k=512, num_stages=2, out_registers=True, x_slots=4)
   if m == 100:
-    outs = [w4_mosaic.int4_matmul(x, mw, interpret=False,
-                                  config=dataclasses.replace(cfg, x_slots=s)) for s in (0, 4)]
-    assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
+    for stream_ctas in (0, 7):                     # grid; stream-K (8 tiles x 4 steps on 7)
+      outs = [w4_mosaic.int4_matmul(x, mw, interpret=False, config=dataclasses.replace(
+          cfg, x_slots=s, stream_ctas=stream_ctas)) for s in (0, 4)]
+      assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
