@@ -12,9 +12,9 @@ For M in {1, 16, 64, 256} and weights (K, N) in {(8192, 28672), (28672, 8192), (
   around it; the best is kept. Also ``ours_triton_api``: the public ``quant.int4_matmul(x, qw,
   implementation="triton")`` on the plain QuantizedWeight (int32 zeros), heuristic config.
   (d) ``ours-mosaic`` (``--impls`` includes "mosaic"): ``quant.matmul.mosaic.int4_matmul`` (Hopper
-  wgmma, decode path, one call: M <= 128, or <= 72 on 512-row steps) on weights prepared once
-  by ``layout.prepare_mosaic`` (planar layout), the heuristic MosaicConfig and a small sweep;
-  larger M is recorded as not served (``ours_mosaic_api`` times the chunked calls).
+  wgmma, one call up to M = 128) on weights prepared once by ``layout.prepare_mosaic``
+  (planar layout), the heuristic MosaicConfig and a small sweep; larger M is recorded as not
+  served (``ours_mosaic_api`` times the chunked calls).
   Every variant is first checked against the float32 reference ``x @ dequantize(qw)``
   (mean|y - ref| / mean|ref| above ``TOL`` marks it wrong, never timed);
 * CUPTI kernel time (median of ``--iters``; wall clock, flagged, when CUPTI is unavailable) of
@@ -73,8 +73,7 @@ IMPLS = ("triton", "mosaic")
 
 def mosaic_sweep_configs(m: int, k: int, n: int, *, quick: bool) -> list[MosaicConfig]:
   """The heuristic MosaicConfig first, then a few neighbours (misfits and duplicates dropped);
-  empty when one kernel call does not serve the shape (M > 128, or 512-row steps above 72
-  rows)."""
+  empty when one kernel call does not serve the shape (M > 128)."""
   try:
     base = default_mosaic_config(m=m, k=k, n=n, group_size=GROUP)
   except NotImplementedError:
@@ -247,7 +246,7 @@ def measure_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool)
 def measure_mosaic_api(p: Problem, row: dict[str, Any], *, iters: int, interpret: bool) -> None:
   """What ``QuantLinear(mosaic=True)`` runs: ``quant.int4_matmul(x, mw)`` with the weight
   prepared by ``layout.prepare_mosaic`` (default layout) and automatic dispatch; above 128
-  rows (72 on 512-row steps) that is the kernel on equal chunks (``mosaic.chunk_rows``)."""
+  rows that is the kernel on equal chunks (``mosaic.chunk_rows``)."""
   fn = lambda x, mw: quant.int4_matmul(x, mw, interpret=interpret)
   block_k = layout.default_block_k(p.k, p.n, GROUP)
   row["ours_mosaic_api"] = _check_and_time(p, row["m"], fn, p.mosaic_weights(block_k),

@@ -53,8 +53,8 @@ class QuantLinear(nnx.Module):
 
   ``mosaic`` picks how the weight is stored. True (or a ``layout.MosaicWeight`` as ``qweight``):
   in the Mosaic GPU decode kernel's layout (``layout.prepare_mosaic``, done once here). On Hopper,
-  calls with at most 128 rows (64 on 512-row steps) then run that kernel once, larger ones on
-  equal chunks (``mosaic.chunk_rows``). False: our
+  calls with at most 128 rows then run that kernel once, larger ones on equal chunks
+  (``mosaic.chunk_rows``). False: our
   packed format, which the compiled Mosaic kernel does not read (dispatch runs Triton). None (the
   default): the Mosaic layout when the first device is a Hopper GPU and the layer can use it
   (codes of <= 4 bits in groups the layout tiles; ``implementation`` None or "mosaic";

@@ -433,8 +433,8 @@ def int4_matmul(x: Float[Array, "... K"],
   ``qw`` is a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its
   ``block_k`` fixes the config's) or, in interpret mode only, a ``QuantizedWeight`` (assumed
   checked by ``quant.matmul.api.check_inputs``; repacked on every call). A prepared weight
-  serves any M: one call up to 128 rows where its K step fits them (64 for 512-row steps),
-  else equal chunks, one kernel call each (``chunk_rows``). Raises NotImplementedError for
+  serves any M: one call up to 128 rows where a config fits them (else 64), larger M in equal
+  chunks, one kernel call each (``chunk_rows``). Raises NotImplementedError for
   float32 x, M > 128 on a plain QuantizedWeight, bits > 4, groups the planes cannot tile, a
   config
   that does not fit, and with ``interpret=False`` for a plain QuantizedWeight (see the module
@@ -497,9 +497,9 @@ def int4_matmul(x: Float[Array, "... K"],
 def chunk_rows(m: int, mw: layout.MosaicWeight, config: MosaicConfig | None = None) -> int:
   """Rows of x per kernel call on a prepared weight: all ``m`` when one call can serve them,
   else equal chunks of at most ``MOSAIC_MAX_M`` rows where the weight's K step and ``config``
-  (None: the heuristic) fit that many, else of at most ``MOSAIC_WIDE_M`` (512-row steps hold
-  128 KB of x a stage at 128 rows: they do not fit). Equal chunks pad x the least: 200 rows are
-  two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
+  (None: the heuristic) fit that many, else of at most ``MOSAIC_WIDE_M`` (e.g. per-channel
+  scales on 512-row steps: x's own ring would need eight 32 KB slots). Equal chunks pad x the
+  least: 200 rows are two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
   def rows_under(limit: int) -> int:
     return -(-m // -(-m // limit))                 # ceil(m / number of chunks)
 
