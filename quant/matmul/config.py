@@ -260,11 +260,12 @@ class MosaicConfig:
   32 rows; 2 groups a scope at 64 rows 0.5-1.4% faster, 4 there up to 22% slower.
   ``x_slots`` (0 = off): x's planes in a TMA ring of their own, ``x_slots`` slots of one
   plane (``m_pad * block_k / 4 * 2`` bytes), refilled plane by plane, while codes, scales and
-  zeros keep the step ring (``mosaic_xring.py``; grid and stream-K kernels). By default a slot of the step ring holds a whole step of x, 128 KB at
-  128 rows of 512-row steps, so two stages do not fit there; with four x slots they take 128
-  KB in all. Needs at least twice the planes one wgmma scope reads (1 for g128 on 512-row
-  steps above 64 rows; 4 for groups as long as a step). ``pipeline`` and ``mma_sync`` are
-  ignored with it. Not yet timed on an H200.
+  zeros keep the step ring (``mosaic_xring.py``; grid and stream-K kernels). By default a
+  slot of the step ring holds a whole step of x, 128 KB at 128 rows of 512-row steps, so two
+  stages do not fit there; with four x slots they take 128 KB in all. Needs at least twice
+  the planes one wgmma scope reads (1 for g128 on 512-row steps above 64 rows; 4 for groups
+  as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. Not yet timed on an
+  H200.
   """
   block_n: int = 128
   block_k: int = 512
@@ -360,8 +361,8 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
 
 
 def mosaic_scope_planes(cfg: MosaicConfig, *, m: int, k: int, group_size: int) -> int:
-  """The most planes one wgmma scope of the grid kernel reads (``Statics.scope_planes``): a
-  step's groups share a scope while their accumulators fit ``acc_columns`` float32 columns."""
+  """The most planes one wgmma scope reads (``Statics.scope_planes``): a step's groups share a
+  scope while their accumulators fit ``acc_columns`` float32 columns."""
   bk = cfg.block_k
   unit = bk if group_size >= k else max(bk, group_size)
   ks = -(-k // unit) * unit // cfg.split_k               # K rows of one split (padded)
@@ -427,9 +428,9 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces the grid.
   65..128 rows: two stages, no SMEM output tile, at most two warpgroups; where x's planes of
   a step do not fit two stages (512-row steps above 72 rows) they get a ring of their own
-  (``x_slots = 4``), and where that does not fit either (groups as long as a
-  step, which need 8 slots) NotImplementedError (``mosaic.int4_matmul`` then runs a prepared
-  weight in 64-row chunks). ``block_k``: the K step of a prepared weight
+  (``x_slots = 4``), and where that does not fit either (groups as long as a step, which need
+  8 slots) NotImplementedError (``mosaic.int4_matmul`` then runs a prepared weight in 64-row
+  chunks). ``block_k``: the K step of a prepared weight
   (``MosaicWeight.block_k``), else the layout's default.
   """
   per_channel = group_size >= k

@@ -42,8 +42,9 @@ Every wgmma of a step is waited before the step ends; with one warpgroup the slo
 step ``t + 1`` (the one step ``t - 1`` used) is then free, with several a ``free`` barrier per
 slot (one arrival per warpgroup) guards the refill. Partial sums ``[split_k, N, M]``
 come out in float32; XLA adds the splits and the bias, transposes and casts (for M <= 64 that is
-< 2% of the weight's bytes; at 128 rows with two K splits, 8 MB at N = 8192). Act-order weights are served by gathering x's columns into the
-stored row order (``x[..., perm]``); the kernel never sees ``g_idx``.
+< 2% of the weight's bytes; at 128 rows with two K splits, 8 MB at N = 8192). Act-order
+weights are served by gathering x's columns into the stored row order (``x[..., perm]``); the
+kernel never sees ``g_idx``.
 
 Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 128, codes
 wider than 4 bits, groups the planes cannot tile (a plane of block_k/4 rows must lie in one
@@ -79,8 +80,9 @@ from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_p
                                  MOSAIC_MAX_M, MOSAIC_WIDE_M,
                                  resolve_mosaic_config as resolve_config)
 # The launch statics and the plane dequant, shared with mosaic_stream.py (names kept here too).
-from quant.matmul.mosaic_common import (ACC_COLUMNS, BN, PLANES, Statics, _MAGIC, _and_or,  # noqa: F401
-                                        _codes, _tiled, mma_sync_group, pipeline_fits)
+from quant.matmul.mosaic_common import (  # noqa: F401  (_and_or, pipeline_fits: for callers)
+    ACC_COLUMNS, BN, PLANES, Statics, _MAGIC, _and_or, _codes, _tiled, mma_sync_group,
+    pipeline_fits)
 from quant.matmul.mosaic_xring import XRing
 
 
