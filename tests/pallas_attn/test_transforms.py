@@ -69,12 +69,14 @@ def _as_dict(res):
 
 @pytest.mark.parametrize("backend,case", CASE_PARAMS, indirect=["backend"])
 def test_vmap_over_extra_axis(backend, case, request):
-  """vmap over a leading axis of 3 stacked problems == each problem alone."""
+  """vmap over a leading axis of 2 stacked problems == each problem alone (two are enough for
+  a slice to land at a nonzero offset; each problem is a full forward + backward, 10-25 s in
+  interpret mode on CI)."""
   if backend == "xla" and jax.default_backend() == "gpu":
     # Seen on the H200: 1 of 36864 bf16 dq elements differs; cuBLAS picks another algorithm for
     # the batched shape. The Pallas backends fix their reduction orders in the kernels.
     request.applymarker(pytest.mark.xfail(reason=_XLA_SHAPES, strict=False))
-  xs = [H.make_inputs(case.replace(seed=case.seed + 10 * e)) for e in range(3)]
+  xs = [H.make_inputs(case.replace(seed=case.seed + 10 * e)) for e in range(2)]
   stack = lambda name: (None if getattr(xs[0], name) is None
                         else jnp.stack([getattr(x, name) for x in xs]))
   names = ("q", "k", "v", "do", "dlse", "q_segment_ids", "kv_segment_ids", "kv_lengths")
