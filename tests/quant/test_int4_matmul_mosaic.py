@@ -511,18 +511,19 @@ def test_compiled_call_declines_a_plain_quantized_weight():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 31, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 31, 64, 65, 100, 127, 128, 256])
 @pytest.mark.parametrize("group_size,sym,act_order", [(32, False, False), (64, True, False),
                                                       (128, False, True), (-1, False, False)])
 def test_compiled_on_gpu(m, group_size, sym, act_order):
+  """Every M of TESTING.md and the 65..128-row calls (256: two calls of 128), on the layout's
+  default K step (the heuristic config's too)."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
   qw = _weight(1032 if group_size == -1 else 1024, 1031, group_size=group_size, sym=sym,
                act_order=act_order)
   x = _x(m, qw.shape[0], BF16, seed=m)
   b = _x(1, qw.shape[1], BF16, seed=1)[0]
-  mw = layout.prepare_mosaic(qw, block_k=default_mosaic_config(
-      m=m, k=qw.shape[0], n=qw.shape[1], group_size=qw.group_size).block_k)
+  mw = layout.prepare_mosaic(qw)
   _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False), x, qw, b)
 
 

@@ -3,8 +3,10 @@ x's own ring of planes (``MosaicConfig.x_slots``, ``mosaic_xring.py``) and the c
 calls on a prepared weight. Interpret-mode correctness (one warpgroup: see
 ``test_int4_matmul_mosaic.py`` on multi-warpgroup interpret runs), the config rules (two
 warpgroups at most, two stages, no SMEM output tile; x's own ring where a step's planes do not
-fit), the chunk sizes, lowering for sm90 on a CPU host, and compiled runs (GPU only). Same
-numerical rule as ``test_int4_matmul_mosaic.py``.
+fit), the chunk sizes, lowering for sm90 on a CPU host, and compiled runs of x's ring (GPU
+only; the 65..256-row calls of the default layouts run in
+``test_int4_matmul_mosaic.test_compiled_on_gpu``). Same numerical rule as
+``test_int4_matmul_mosaic.py``.
 """
 from __future__ import annotations
 
@@ -183,21 +185,6 @@ def test_lowers_for_h200(m, k, n, block_k):
   # the kernel's float32 partials: one per K split, or per stream-K part slot
   parts = cfg.split_k if not cfg.stream_ctas else "[0-9]+"
   assert re.search(f"tensor<{parts}x{n}x{-(-m // 8) * 8}xf32>", text)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [65, 100, 127, 128, 256])
-@pytest.mark.parametrize("group_size,sym,act_order", [(128, False, True), (64, True, False),
-                                                      (-1, False, False)])
-def test_compiled_on_gpu(m, group_size, sym, act_order):
-  if jax.default_backend() != "gpu":
-    pytest.skip("needs a GPU")
-  qw = _weight(1032 if group_size == -1 else 1024, 1031, group_size=group_size, sym=sym,
-               act_order=act_order)
-  x = _x(m, qw.shape[0], BF16, seed=m)
-  b = _x(1, qw.shape[1], BF16, seed=1)[0]
-  mw = layout.prepare_mosaic(qw)
-  _check(w4_mosaic.int4_matmul(x, mw, bias=b, interpret=False), x, qw, b)
 
 
 @pytest.mark.gpu
