@@ -18,6 +18,7 @@ requires that (g128 at 512-row steps and 65..128 rows: L = 1, so S >= 2).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 from jax import lax
@@ -83,12 +84,8 @@ class XRing:
     """Warpgroup 0, before the loop: the first ``x_slots`` planes."""
     if not self.own:
       return
-    for j in range(self.st.x_slots):
-      if isinstance(self.count, int):
-        if j < self.count:
-          self._issue(j)
-      else:
-        pl.when(j < self.count)(lambda j=j: self._issue(jnp.int32(j)))
+    for j in range(self.st.x_slots):              # (pl.when: a Python bool in the grid kernel)
+      pl.when(j < self.count)(functools.partial(self._issue, j))
 
   def plane(self, t, slot, p):
     """Plane ``p`` of local step ``t`` (step ring slot ``slot``), ``[m_pad, span2]``; with its
@@ -125,10 +122,6 @@ class XRing:
     if not self.own or self.free is None:
       return
     xs = self.st.x_slots
-    if isinstance(self.count, int):
-      for j in range(max(0, self.count - xs), self.count):
-        plgpu.barrier_wait(self.free.at[j % xs])
-      return
 
     @pl.loop(jnp.maximum(self.count - xs, 0), self.count)
     def _(j):
