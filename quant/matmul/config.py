@@ -427,10 +427,10 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   wave. Without a K split and with more 64/128-feature tiles than one wave of CTAs holds, the
   stream-K form (``stream_ctas``: as many persistent CTAs as fit at once) replaces the grid.
   65..128 rows: two stages, no SMEM output tile, at most two warpgroups; where x's planes of
-  a step do not fit two stages (512-row steps above 72 rows) they get a ring of their own
-  (``x_slots = 4``), and where that does not fit either (groups as long as a step, which need
-  8 slots) NotImplementedError (``mosaic.int4_matmul`` then runs a prepared weight in 64-row
-  chunks). ``block_k``: the K step of a prepared weight
+  a step do not fit two stages (512-row steps above 72 rows) NotImplementedError
+  (``mosaic.int4_matmul`` then runs a prepared weight in 64-row chunks; x's own ring of
+  planes, ``x_slots``, fits there but measured slower than the chunks). ``block_k``: the K
+  step of a prepared weight
   (``MosaicWeight.block_k``), else the layout's default.
   """
   per_channel = group_size >= k
@@ -445,16 +445,12 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   wide = mosaic_m_pad(m) > MOSAIC_WIDE_M
   base = MosaicConfig(block_n=64 if narrow else 128, block_k=bk,
                       num_stages=4 if narrow else 2 if wide else 3, out_registers=wide)
-  try:
-    cfg = fit_mosaic_config(base, m=m, k=k, group_size=group_size, asym=asym, n=n)
-  except NotImplementedError:
-    if not wide:
-      raise
-    # 512-row steps above 72 rows: x's planes in a ring of their own (four 32 KB slots at 128
-    # rows) next to two stages of codes (mosaic_xring.py; not yet timed; stream-K below where
-    # the tiles exceed one wave, as for the step ring).
-    cfg = fit_mosaic_config(dataclasses.replace(base, x_slots=4), m=m, k=k,
-                            group_size=group_size, asym=asym, n=n)
+  # 512-row steps above 72 rows do not fit the step ring: NotImplementedError here, so a
+  # prepared weight runs 64-row chunks (``mosaic.chunk_rows``). x's own ring of planes
+  # (``x_slots = 4``) would fit, but it measured 1.6x slower than the step ring on the H200
+  # (session 21, results/w4a16/2026-12-05_s21_call1_m128.json: 128 x 28672 x 8192 0.168 vs
+  # 0.106 ms; 128 x 8192 x 28672 0.178 ms against ~0.145 for two 64-row calls): opt-in only.
+  cfg = fit_mosaic_config(base, m=m, k=k, group_size=group_size, asym=asym, n=n)
   tiles = -(-n // 64)              # warpgroup tiles: the grid should give each SM about two
   unit = bk if per_channel else max(bk, group_size)
   kp = -(-k // unit) * unit

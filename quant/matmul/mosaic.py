@@ -5,10 +5,10 @@ transposed product ``y^T = W^T x^T``: the dequantized weight tile (64 output fea
 M side, which must be 64 rows per warpgroup, and the few activation rows are wgmma's N side,
 padded only to a multiple of 8. Computing ``x W`` directly would pad M = 1 up to 64. One call
 takes up to 128 rows (wgmma N = 128; two warpgroups at most, two stages of 256-row steps: x's
-planes are then 64 KB a stage; on 512-row steps x's planes get a ring of their own,
-``MosaicConfig.x_slots``, ``mosaic_xring.py``), so a prefill chunk reads the weight once per
-128 rows instead of once per 64; larger calls on a prepared weight run in equal chunks
-(``chunk_rows``).
+planes are then 64 KB a stage), so a prefill chunk reads the weight once per 128 rows instead
+of once per 64; larger calls on a prepared weight run in equal chunks (``chunk_rows``; of 64
+rows on 512-row steps, whose x does not fit two stages at 128 rows: x's own ring of planes,
+``MosaicConfig.x_slots``, ``mosaic_xring.py``, serves them in one call but measured slower).
 
 Maths. Per group ``g`` of K rows with per-feature scale ``s_g[n]`` and zero ``z_g[n]``::
 
@@ -499,8 +499,8 @@ def int4_matmul(x: Float[Array, "... K"],
 def chunk_rows(m: int, mw: layout.MosaicWeight, config: MosaicConfig | None = None) -> int:
   """Rows of x per kernel call on a prepared weight: all ``m`` when one call can serve them,
   else equal chunks of at most ``MOSAIC_MAX_M`` rows where the weight's K step and ``config``
-  (None: the heuristic) fit that many, else of at most ``MOSAIC_WIDE_M`` (e.g. per-channel
-  scales on 512-row steps: x's own ring would need eight 32 KB slots). Equal chunks pad x the
+  (None: the heuristic) fit that many, else of at most ``MOSAIC_WIDE_M`` (the heuristic on
+  512-row steps above 72 rows). Equal chunks pad x the
   least: 200 rows are two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
   def rows_under(limit: int) -> int:
     return -(-m // -(-m // limit))                 # ceil(m / number of chunks)
