@@ -15,7 +15,8 @@ which no case is kept (an id renamed, say) stops the collection, so that a form 
 of CI unnoticed. Measured on CI (session 18): 3384 s of test time before the
 sample (pytest 29 min on 2 workers); the slow cases are ~950 s of it. Session 20: CI hosts had
 become ~1.6x slower (pytest 37-44 min), so the forms that kept two mask cases (split backward,
-lazy rescale, three consumers, sum in PV) now keep one: ~250 s of worker time less.
+lazy rescale, three consumers, sum in PV) now keep one: ~250 s of worker time less. Session 21:
+the persistent and dynamic-schedule forward checks likewise keep one case each (~25 s).
 """
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ SAMPLED: dict = {
         {"window_softcap"},
     "pallas_attn/test_mosaic_config.py::"
     "test_tuned_persistent_forward_matches_reference_in_interpret_mode":
-        {"12tiles-causal", "10tiles-window_softcap"},
+        {"10tiles-window_softcap"},
     "pallas_attn/test_mosaic_config.py::test_dynamic_schedule_matches_reference_in_interpret_mode":
-        {"causal-12tiles-bkv128", "window_softcap-10tiles"},
+        {"window_softcap-10tiles"},
     "pallas_attn/test_mosaic_config.py::test_compiled_backward_lowers_for_sm90": _rotate,
     "pallas_attn/test_mosaic_config.py::test_compiled_form_lowers_for_sm90": _rotate,
     "pallas_attn/test_mosaic_backward_split.py::"
