@@ -210,6 +210,9 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # grid form of it.
     ("bk256_wide", "base", dict(layout_block_k=256)),
     ("bk256_wide_grid", "base", dict(layout_block_k=256, stream_ctas=0)),
+    # Session 21: x read as [M, K] by the TMA (MosaicConfig.direct_x; XLA's plane transpose of
+    # x took 2.6-5.8 us of the 128-row calls), partials as before.
+    ("direct_x", "base", dict(direct_x=True)),
     ("base_again", "base", {}),
 )
 

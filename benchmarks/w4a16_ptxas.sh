@@ -5,7 +5,7 @@
 w4a16_ptxas() {
   local m="$1" k="$2" n="$3" cfg="${4:-None}"
   local tag="w4_${m}x${k}x${n}_$(echo "$cfg" | tr -dc 'a-z0-9_=' | head -c 80)"
-  MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/ptx_$tag timeout 120 python3 -c "
+  MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/ptx_$tag timeout 60 python3 -c "
 import jax, jax.numpy as jnp
 import quant
 from quant.matmul import layout, mosaic

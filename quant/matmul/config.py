@@ -211,6 +211,11 @@ class MosaicConfig:
   columns >= K zero-filled) and, with one K split and no bias, writes y ``[M, N]`` in x's
   dtype, instead of XLA padding / plane-transposing x before the launch and slicing /
   transposing / casting the float32 partials after it (two small kernels).
+  ``direct_x``: the x half of ``direct_io`` alone (x read as ``[M, K]`` by the TMA; the
+  float32 partials leave as usual, with ``out_registers`` from registers), for 65..128 rows,
+  where XLA's plane transpose of x took 2.6-5.8 us of a 38-110 us call (H200, session 21)
+  and ``direct_io``'s output tile would halve block_n. Grid kernel only (ignored with
+  ``stream_ctas``), M <= 8 or a multiple of 8, K a multiple of 64.
   ``stream_ctas`` (0 = off; H200, sessions 8 and 10: -3..-4% at 1x8192x28672 with 264, -6..-7%
   at M=16 with 132, +15..17% at 8192x8192, so ``default_mosaic_config`` turns it on only for
   many tiles and no K split): launch that many persistent
@@ -264,8 +269,8 @@ class MosaicConfig:
   slot of the step ring holds a whole step of x, 128 KB at 128 rows of 512-row steps, so two
   stages do not fit there; with four x slots they take 128 KB in all. Needs at least twice
   the planes one wgmma scope reads (1 for g128 on 512-row steps above 64 rows; 4 for groups
-  as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. Not yet timed on an
-  H200.
+  as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. H200 (session 21):
+  1.6x slower than the step ring where both fit at 128 rows, so the heuristic never takes it.
   """
   block_n: int = 128
   block_k: int = 512
@@ -275,6 +280,7 @@ class MosaicConfig:
   fold_zero: bool = False
   pipeline: bool = False
   direct_io: bool = False
+  direct_x: bool = False
   stream_ctas: int = 0
   late_zero: bool = False
   mma_sync: bool = False

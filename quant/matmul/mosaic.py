@@ -582,7 +582,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # columns of x, 64 features of y); the output path also needs one K split and no bias
   # (adding the bias after a rounding to x's dtype would round twice). Otherwise XLA does it.
   rows_ok = m <= 8 or m % 8 == 0
-  direct_x = cfg.direct_io and rows_ok and k % min(span2, 64) == 0 and not stream
+  direct_x = ((cfg.direct_io or cfg.direct_x) and rows_ok and k % min(span2, 64) == 0
+              and not stream)
   direct_out = (cfg.direct_io and rows_ok and cfg.split_k == 1 and bias is None
                 and static.n % BN == 0 and not stream)
   # pipeline: one step of wgmmas in flight in the grid kernel (where its registers fit); one

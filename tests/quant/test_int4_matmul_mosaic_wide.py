@@ -208,3 +208,56 @@ def test_compiled_x_ring(m):
       outs = [w4_mosaic.int4_matmul(x, mw, interpret=False, config=dataclasses.replace(
           cfg, x_slots=s, stream_ctas=stream_ctas)) for s in (0, 4)]
       assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
+
+
+@pytest.mark.parametrize("m,split_k", [(72, 2), (16, 1)])
+def test_direct_x_is_bitwise_equal(m, split_k):
+  """``MosaicConfig.direct_x`` (x read as [M, K] by the TMA; the partials as usual, here from
+  registers) moves x's plane transpose into the TMA unit, not the arithmetic; it needs no SMEM
+  of its own (``direct_io`` counts an output tile)."""
+  qw = _weight(1024, 64, group_size=128, sym=False, act_order=False, seed=3)
+  x = _x(m, 1024, BF16, seed=m)
+  cfg = MosaicConfig(block_n=64, block_k=256, num_stages=2, split_k=split_k, out_registers=True)
+  outs = [w4_mosaic.int4_matmul(x, qw, interpret=True, config=dataclasses.replace(
+      cfg, direct_x=d)) for d in (False, True)]
+  assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
+  _check(outs[1], x, qw, None)
+  on = dataclasses.replace(cfg, direct_x=True)
+  assert mosaic_smem_bytes(on, m=m, asym=True) == mosaic_smem_bytes(cfg, m=m, asym=True)
+  assert mosaic_smem_bytes(dataclasses.replace(cfg, direct_io=True), m=m, asym=True) > (
+      mosaic_smem_bytes(cfg, m=m, asym=True))
+
+
+def test_direct_x_lowering_at_128_rows():
+  """Compiled form at 128 x 28672 x 8192 (the heuristic's K split of 2): no XLA transpose of x
+  before the kernel, the float32 partials [2, N, 128] after it, 128-feature CTAs kept."""
+  if jax.default_backend() == "gpu":
+    pytest.skip("compiled GPU runs exercise the real lowering")
+  k, n, m = 28672, 8192, 128
+  qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
+  mw = jax.eval_shape(layout.prepare_mosaic, qw)
+  cfg = dataclasses.replace(default_mosaic_config(m=m, k=k, n=n, group_size=128,
+                                                  block_k=mw.block_k), direct_x=True)
+  assert fit_mosaic_config(cfg, m=m, k=k, group_size=128, n=n) == cfg
+  f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
+  with _h200():
+    hlo = jax.jit(f).trace(jax.ShapeDtypeStruct((m, k), BF16), mw).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert "transpose" not in hlo.split("mosaic_gpu")[0]
+  assert re.search(f"tensor<{cfg.split_k}x{n}x{m}xf32>", hlo)
+
+
+@pytest.mark.gpu
+def test_compiled_direct_x():
+  """Compiled at 128 rows (two warpgroups, a K split of 2): bitwise the plane-transposed x."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  qw = _weight(4096, 1024, group_size=128, sym=False, act_order=False)
+  x = _x(128, 4096, BF16, seed=5)
+  mw = layout.prepare_mosaic(qw)
+  cfg = MosaicConfig(block_n=128, block_k=mw.block_k, num_stages=2, split_k=2,
+                     out_registers=True)
+  outs = [w4_mosaic.int4_matmul(x, mw, interpret=False, config=dataclasses.replace(
+      cfg, direct_x=d)) for d in (False, True)]
+  assert (jnp.asarray(outs[0], jnp.float32) == jnp.asarray(outs[1], jnp.float32)).all()
+  _check(outs[1], x, qw, None)
