@@ -178,8 +178,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     plgpu.barrier_wait(ready.at[slot])
     # int16 [64, span2] in wgmma's operand layout: one 32-bit register = columns 2u and 2u + 1.
     # The ring is swizzled like an operand, so this load is free of bank conflicts.
-    load_codes = lambda: plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
-    codes = None if st.codes_by_plane else load_codes()    # (own x ring: read per plane)
+    codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
     planes_per_group = PLANES // gps
 
     zero_of = functools.partial(zero_at, slot)
@@ -193,16 +192,15 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
         for j in range(planes_per_group):
           p = g * planes_per_group + j
           x_t = xr.plane(t, slot, p).transpose((1, 0))   # (own x ring: waits for the plane)
-          pc = load_codes() if codes is None else codes
           if st.fold_zero:
             # (B + q) x + (-(B + z)) x = (q - z) x, the subtraction done by the tensor cores.
-            plgpu.wgmma(acc_refs[i], _codes(pc, p, st), x_t)
+            plgpu.wgmma(acc_refs[i], _codes(codes, p, st), x_t)
             plgpu.wgmma(acc_refs[i], neg_zero, x_t)
             continue
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
           # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q. With
           # late_zero the wgmma takes B + q and the group's (B + z) X_g comes off afterwards.
-          vals = _codes(pc, p, st) if st.late_zero else _codes(pc, p, st) - zero
+          vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
           if st.registers_a:
             # The plane is already in wgmma's register-operand layout (``codes`` was loaded as
             # WGMMA): no SMEM round trip, which would cost 4 bytes of SMEM traffic per weight
@@ -258,7 +256,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     plane, group g of the step into ``accs[g]``) without waiting for them."""
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
-    codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)   # (never the own x ring)
+    codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
     per_group = PLANES // gps
     for g in range(gps):
       zero = zero_at(slot, g)

@@ -94,14 +94,6 @@ class Statics:
     return self.groups_per_scope * (PLANES // self.groups_per_step)
 
   @property
-  def codes_by_plane(self) -> bool:
-    """With x's own ring, a step's code tile is read from SMEM once per plane instead of once
-    per step: a 512-row step's codes are 32 registers a thread, which the 128-row accumulator
-    and total (64 + 64) leave no room for (ptxas spilled 344 bytes at 128 x 8192 x 28672, H200,
-    session 21). Each int16 holds all four planes' nibbles, so each read is the whole tile."""
-    return bool(self.x_slots)
-
-  @property
   def pipeline_fits(self) -> bool:
     """See ``pipeline_fits``."""
     return pipeline_fits(groups_per_step=self.groups_per_step, m_pad=self.m_pad)

@@ -170,8 +170,7 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     prefetch(t)
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
-    load_codes = lambda: plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
-    codes = None if st.codes_by_plane else load_codes()    # (own x ring: read per plane)
+    codes = plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
     per_group = PLANES // gps
 
     def mma(*acc_refs, groups, zeros):
@@ -179,9 +178,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
         for j in range(per_group):
           p = g * per_group + j
           x_t = xr.plane(t, slot, p).transpose((1, 0))   # (own x ring: waits for the plane)
-          pc = load_codes() if codes is None else codes
           # (B + q) - (B + z) = q - z, exact; or B + q, its offset taken off below (late_zero)
-          vals = _codes(pc, p, st) if st.late_zero else _codes(pc, p, st) - zero
+          vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
           if st.registers_a:
             plgpu.wgmma(acc_refs[i], vals, x_t)
             continue
