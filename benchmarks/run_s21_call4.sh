@@ -1,0 +1,12 @@
+# Session 21, call 4 (~2 minutes, compile only): which pipelined forms draw ptxas's C7513
+# ("wgmma serialized: non-wgmma instructions defining input registers of a wgmma")? Call 2
+# found it on the stream-K group pipeline (accumulators reset by a zero store, the next
+# group's plane dequantized while the previous group's wgmmas run). The grid kernel's step
+# pipeline reads its accumulators as differences (no zero store): if it draws C7513 as well,
+# the dequant into wgmma's A registers is the cause, not the reset.
+source benchmarks/setup_gpu.sh >/dev/null 2>&1
+source benchmarks/w4a16_ptxas.sh
+w4a16_ptxas 8 8192 28672 "MosaicConfig(block_n=64, block_k=512, num_stages=4)"
+w4a16_ptxas 8 8192 28672 "MosaicConfig(block_n=64, block_k=512, num_stages=4, pipeline=True)"
+w4a16_ptxas 16 8192 8192 "MosaicConfig(block_n=128, block_k=256, num_stages=3, split_k=2, pipeline=True)"
+w4a16_ptxas 16 8192 28672 "MosaicConfig(block_n=128, block_k=512, num_stages=3, stream_ctas=132, pipeline=True)"
