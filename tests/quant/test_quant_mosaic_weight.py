@@ -158,11 +158,15 @@ def test_mosaic_serves_a_prepared_weight_above_128_rows_in_chunks():
                              rtol=2e-2, atol=2e-2)
 
 
-def test_chunked_compiled_form_lowers_for_h200():
-  """The compiled form at M = 200 (two 100-row chunks in a loop) lowers to one Mosaic GPU
-  kernel inside the loop."""
+@pytest.mark.parametrize("m,chunks", [(200, 2), (1200, 10)])
+def test_chunked_compiled_form_lowers_for_h200(m, chunks):
+  """The compiled form above 128 rows: up to ``MAX_UNROLLED_CHUNKS`` chunks are unrolled (one
+  Mosaic GPU launch each, no XLA while loop: 200 rows are two of 100), more run in a loop
+  around one launch (1200 rows: ten of 120)."""
   from test_int4_matmul_mosaic import _lowered_text
   qw = _codes_weight(1024, 256, group_size=128, sym=False, act_order=False)
   mw = jax.eval_shape(layout.prepare_mosaic, qw)
-  text = _lowered_text(jax.ShapeDtypeStruct((200, 1024), jnp.bfloat16), mw, None)
-  assert text.count("mosaic_gpu") >= 1 and "while" in text
+  assert -(-m // w4_mosaic.chunk_rows(m, mw)) == chunks
+  text = _lowered_text(jax.ShapeDtypeStruct((m, 1024), jnp.bfloat16), mw, None)
+  unrolled = chunks <= w4_mosaic.MAX_UNROLLED_CHUNKS
+  assert "mosaic_gpu" in text and ("stablehlo.while" in text) != unrolled
