@@ -468,9 +468,10 @@ def int4_matmul(x: Float[Array, "... K"],
     chunks = -(-m // rows)
     call = lambda xc: int4_matmul(xc, qw, bias=bias, config=config, interpret=interpret)
     if chunks <= MAX_UNROLLED_CHUNKS:
-      # Unrolled: one launch per chunk and no XLA while loop, whose per-iteration slicing and
-      # loop control cost 9-13 us at M = 256 (two or four chunks) on the H200 (session 21).
-      ys = [call(x2[c * rows:min(m, (c + 1) * rows)]) for c in range(chunks)]
+      # Unrolled: one launch per chunk and no XLA while loop. The looped form measured 9-13 us
+      # above the sum of its chunks' single calls at M = 256 on the H200 (session 21); the
+      # unrolled one is not yet timed there (benchmarks/NOTES.md, call 4).
+      ys = [call(x2[c * rows:(c + 1) * rows]) for c in range(chunks)]
       return jnp.concatenate(ys, axis=0).reshape(*lead, n)
     xs = jnp.pad(x2, ((0, chunks * rows - m), (0, 0))).reshape(chunks, rows, k)
     y = lax.map(call, xs)
