@@ -213,8 +213,8 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # Session 21: x read as [M, K] by the TMA (MosaicConfig.direct_x; XLA's plane transpose of
     # x took 2.6-5.8 us of the 128-row calls), partials as before.
     ("direct_x", "base", dict(direct_x=True)),
-    # Session 21: x's own ring with the step's codes read per plane (ptxas had spilled 344
-    # bytes at 128 x 8192 x 28672), on 512-row steps whatever the default config's layout.
+    # Session 21: x's own ring on 512-row steps whatever the default config's layout (timed
+    # with the step's codes read per plane, a change since reverted: no gain, NOTES call 3).
     ("xring4_bk512", "base", dict(layout_block_k=512, x_slots=4)),
     ("xring4_bk512_grid", "base", dict(layout_block_k=512, x_slots=4, stream_ctas=0)),
     ("base_again", "base", {}),
