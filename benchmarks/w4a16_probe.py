@@ -217,6 +217,14 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # with the step's codes read per plane, a change since reverted: no gain, NOTES call 3).
     ("xring4_bk512", "base", dict(layout_block_k=512, x_slots=4)),
     ("xring4_bk512_grid", "base", dict(layout_block_k=512, x_slots=4, stream_ctas=0)),
+    # Session 22: half steps on the 512-row layout (MosaicConfig.half_steps; grid only): a
+    # slot holds half a step's x (64 KB at 128 rows), so two stages fit 128-feature CTAs.
+    ("half512", "base", dict(layout_block_k=512, half_steps=True, stream_ctas=0, split_k=1,
+                             block_n=128, num_stages=2, out_registers=True)),
+    ("half512_split2", "base", dict(layout_block_k=512, half_steps=True, stream_ctas=0,
+                                    split_k=2, block_n=128, num_stages=2, out_registers=True)),
+    # the public path with no config (the default's chunks), e.g. at M = 256
+    ("api", "base", dict(api=True)),
     ("base_again", "base", {}),
 )
 
@@ -263,11 +271,12 @@ def main() -> int:
     row["xla_bf16_ms"] = timing.measure(xla, (x, dense), iterations=args.iters).ms / copies
     del dense
     ref = jnp.matmul(x.astype(jnp.float32), quant.dequantize(qws[0], dtype=jnp.float32))
+    mc = min(m, 128)              # (above 128 rows the configs are those of 128-row chunks)
     try:
-      base_cfg = dataclasses.replace(default_mosaic_config(m=m, k=k, n=n, group_size=128),
+      base_cfg = dataclasses.replace(default_mosaic_config(m=mc, k=k, n=n, group_size=128),
                                      block_k=mws[0].block_k)
     except NotImplementedError:   # e.g. 512-row steps at 128 rows: variants on 256-row steps
-      base_cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=256)
+      base_cfg = default_mosaic_config(m=mc, k=k, n=n, group_size=128, block_k=256)
     if args.quick:       # one warpgroup under the interpreter (see quant.matmul.mosaic)
       base_cfg = dataclasses.replace(base_cfg, block_n=64)
     row["config"] = dataclasses.asdict(base_cfg)
@@ -286,12 +295,13 @@ def main() -> int:
         bk = layout_bk or mws[0].block_k
         weights = [layout.prepare_mosaic(q, block_k=bk, tile_major=tile_major) for q in qws]
         over["block_k"] = bk
-      cfg = dataclasses.replace(base_cfg, **over)
+      api = over.pop("api", False)
+      cfg = None if api else dataclasses.replace(base_cfg, **over)
       saved = _apply(patch)
       entry = {}
       try:
-        entry["config"] = dataclasses.asdict(fit_mosaic_config(cfg, m=m, k=k, group_size=128,
-                                                               n=n))
+        entry["config"] = "default" if api else dataclasses.asdict(
+            fit_mosaic_config(cfg, m=mc, k=k, group_size=128, n=n))
         jax.clear_caches()
         one = jax.jit(lambda x, w: w4.int4_matmul(x, w, config=cfg, **interp))
         fn = jax.jit(lambda x, ws: [w4.int4_matmul(x, w, config=cfg, **interp) for w in ws])

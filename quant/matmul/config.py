@@ -271,6 +271,15 @@ class MosaicConfig:
   the planes one wgmma scope reads (1 for g128 on 512-row steps above 64 rows; 4 for groups
   as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. H200 (session 21):
   1.6x slower than the step ring where both fit at 128 rows, so the heuristic never takes it.
+  ``half_steps`` (grid kernel; not with ``stream_ctas`` or ``x_slots``): the ring walks half
+  layout steps, ``block_k / 2`` K rows each. A slot holds half a step's x planes and scales
+  but the step's whole code tile, of which the warpgroup dequantizes the two nibbles (planes)
+  of its half, so the code tile crosses from L2 twice (its second read an L2 hit: +25% of
+  the ring's L2 -> SMEM bytes at 128 rows). What it buys: a slot of a 512-row layout at 128
+  rows holds 64 KB of x instead of 128, so two stages fit (195 KB) and one call serves 65..128
+  rows on that layout without x's per-plane ring; each slot's barrier is waited once per two
+  planes, as on a 256-row layout, which ran 128 x 8192 x 28672 in 0.118 ms against 0.153 for
+  64-row chunks (H200, session 21).
   """
   block_n: int = 128
   block_k: int = 512
@@ -287,6 +296,7 @@ class MosaicConfig:
   out_registers: bool = False
   acc_columns: int = 0
   x_slots: int = 0
+  half_steps: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -324,10 +334,11 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   (``registers_a=False``), two of them."""
   span2, mp, bn = cfg.block_k // MOSAIC_PLANES, mosaic_m_pad(m), cfg.block_n
   # int16 weight tile, the planes of x, scale rows (at most one group per plane, float32 scales
-  # at worst) and bf16 zero points.
+  # at worst) and bf16 zero points; half steps: half the planes of x and of the scale rows.
   x_plane = mp * span2 * 2
-  per_stage = (bn * span2 * 2 + (0 if cfg.x_slots else MOSAIC_PLANES * x_plane)
-               + MOSAIC_PLANES * bn * (4 + (2 if asym else 0)))
+  planes_a_step = MOSAIC_PLANES // (2 if cfg.half_steps else 1)
+  per_stage = (bn * span2 * 2 + (0 if cfg.x_slots else planes_a_step * x_plane)
+               + planes_a_step * bn * (4 + (2 if asym else 0)))
   planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
   if cfg.mma_sync and cfg.registers_a and not cfg.x_slots:   # x rows padded by 32 elements
     per_stage += MOSAIC_PLANES * mp * 32 * 2
@@ -349,6 +360,9 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
                               f"{MOSAIC_WIDE_M} would exceed the register file")
   bk, span2 = cfg.block_k, cfg.block_k // MOSAIC_PLANES
   per_channel = group_size >= k
+  if cfg.half_steps and (cfg.stream_ctas or cfg.x_slots):
+    raise NotImplementedError("MosaicConfig.half_steps is a grid-kernel form: not with "
+                              "stream_ctas or x_slots")
   if not mosaic_layout.mosaic_tiles_groups(bk, k, group_size):
     raise NotImplementedError(f"block_k={bk} cannot tile groups of {group_size} rows (planes of "
                               f"{span2} rows must lie in one group)")

@@ -112,7 +112,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   o_smem = None if o_smem2 is None else o_smem2.at[wg]
   n0 = lax.axis_index("n") * (BN * wgs)
   t_base = lax.axis_index("k") * st.steps          # first global step of this split
-  rows_per_scale = st.seg // st.block_k if st.long_groups else 1
+  rows_per_scale = st.steps_per_group             # ring steps per scale row (long groups)
   # x's planes: in the step ring, or in their own (st.x_slots; mosaic_xring.py)
   xr = XRing(st, xt_ref, x_ring, x_ready, x_free, step_of=lambda t: t_base + t, steps=st.steps,
              wg=wg)
@@ -135,8 +135,9 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
       plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)],
                               xs_ring.at[slot, pl.ds(0, gps)], bar)
     for w in range(wgs):
-      codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN, step=gt,
-                                           g0=g0, gps=gps, span2=span2)
+      # (half steps: both halves of a layout step read its whole code tile)
+      codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN,
+                                           step=gt // st.halves, g0=g0, gps=gps, span2=span2)
       plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
       plgpu.copy_gmem_to_smem(s_rows, s_ring.at[slot, w], bar)
       if not st.sym:
@@ -165,12 +166,13 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
           plgpu.barrier_wait(free.at[lax.rem(t - 1, stages)])
       issue(t + stages - 1)
 
-  def step_partials(t, total=None):
+  def step_partials(t, total=None, half: int = 0):
     """Waits for step ``t``'s data. With ``total``: returns ``total + sum_g s_g * partial_g``,
     each scope's partials scaled and added as soon as the scope completes (at most one scope's
     float32 tiles live: two 64-register partials at 128 rows would crowd the registers).
     Without: returns the step's float32 partials and scales, one per group (long groups, whose
-    steps are summed before the group's one scale)."""
+    steps are summed before the group's one scale). ``half`` (static; ``st.halves = 2``): which
+    half of its layout step ring step ``t`` is, so which nibbles of the code tile it reads."""
     # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
     prefetch(t)
 
@@ -179,7 +181,8 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     # int16 [64, span2] in wgmma's operand layout: one 32-bit register = columns 2u and 2u + 1.
     # The ring is swizzled like an operand, so this load is free of bank conflicts.
     codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
-    planes_per_group = PLANES // gps
+    planes_per_group = st.step_planes // gps
+    nibble0 = half * st.step_planes               # the code tile's nibble of local plane 0
 
     zero_of = functools.partial(zero_at, slot)
 
@@ -194,13 +197,14 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
           x_t = xr.plane(t, slot, p).transpose((1, 0))   # (own x ring: waits for the plane)
           if st.fold_zero:
             # (B + q) x + (-(B + z)) x = (q - z) x, the subtraction done by the tensor cores.
-            plgpu.wgmma(acc_refs[i], _codes(codes, p, st), x_t)
+            plgpu.wgmma(acc_refs[i], _codes(codes, nibble0 + p, st), x_t)
             plgpu.wgmma(acc_refs[i], neg_zero, x_t)
             continue
           # (B + q) - (B + z) = q - z exactly, with no int -> float conversion (cvt runs at a
           # fraction of the ALU rate): OR-ing q into B's mantissa bits forms B + q. With
           # late_zero the wgmma takes B + q and the group's (B + z) X_g comes off afterwards.
-          vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
+          q = _codes(codes, nibble0 + p, st)
+          vals = q if st.late_zero else q - zero
           if st.registers_a:
             # The plane is already in wgmma's register-operand layout (``codes`` was loaded as
             # WGMMA): no SMEM round trip, which would cost 4 bytes of SMEM traffic per weight
@@ -285,17 +289,27 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   if st.pipeline:
     total = _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st)
   elif st.long_groups:
-    spg = st.steps_per_group
+    spg, halves = st.steps_per_group, st.halves   # (half steps: spg is even, see Statics)
 
     def group(gi, total):
       def inner(i, carry):
         raw, _ = carry
-        (part,), (s,) = step_partials(gi * spg + i)
-        return raw + part, s
-      raw, s = lax.fori_loop(0, spg, inner, (zeros_tile(), zeros_tile()))
+        for h in range(halves):                    # the halves of one layout step
+          (part,), (s,) = step_partials(gi * spg + i * halves + h, half=h)
+          raw = raw + part
+        return raw, s
+      raw, s = lax.fori_loop(0, spg // halves, inner, (zeros_tile(), zeros_tile()))
       return total + s * raw                     # every step of a group loads the same scale
 
     total = lax.fori_loop(0, st.steps // spg, group, zeros_tile())
+  elif st.halves > 1:
+    # Half steps in pairs: the nibbles a ring step reads depend on its parity, kept static.
+    def pair(i, total):
+      for h in range(st.halves):
+        total = step_partials(i * st.halves + h, total, half=h)
+      return total
+
+    total = lax.fori_loop(0, st.steps // st.halves, pair, zeros_tile())
   else:
     total = lax.fori_loop(0, st.steps, step_partials, zeros_tile())
 
@@ -370,7 +384,7 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
   the stream-K kernel on the same scratch, its parts already summed: ``[1, Np, m_pad]``)."""
   np_ = layout.code_dims(qt)[0]
   span2, stages, gps, wgs = st.span2, st.stages, st.groups_per_step, st.wgs
-  x_copies = 0 if st.x_slots else PLANES if st.direct_x else 1
+  x_copies = 0 if st.x_slots else st.step_planes if st.direct_x else 1
   copies = (x_copies + wgs * (2 if st.sym else 3)   # TMA copies (barrier arrivals) per step
             + (1 if st.late_zero else 0))
   out_type = (jax.ShapeDtypeStruct(out_shape, st.dtype) if st.direct_out
@@ -382,7 +396,7 @@ def _launch(xt, qt, scales, zeros, xsum, *, st: Statics, split_k: int, interpret
             if st.mma_sync else                                   # fragment order, padded rows
             plgpu.SMEM((st.x_slots, st.m_pad, span2), st.dtype, transforms=tiled)
             if st.x_slots else                                    # x's own ring (one plane a slot)
-            plgpu.SMEM((stages, PLANES, st.m_pad, span2), st.dtype, transforms=tiled))
+            plgpu.SMEM((stages, st.step_planes, st.m_pad, span2), st.dtype, transforms=tiled))
   scratch = (
       plgpu.SMEM((stages, wgs, BN, span2), jnp.int16, transforms=tiled),          # codes
       x_ring,                                                                     # x
@@ -571,7 +585,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   stream = cfg.stream_ctas > 0             # stream-K (mosaic_stream.py): no K split
   ks = kp if stream else kp // cfg.split_k
   per_channel = static.group_size >= static.k
-  st = Statics(m_pad=m_pad, steps=ks // cfg.block_k, block_k=cfg.block_k,
+  halves = 2 if cfg.half_steps else 1     # (stream-K and x's own ring refuse it: config.py)
+  st = Statics(m_pad=m_pad, steps=ks // cfg.block_k * halves, block_k=cfg.block_k, halves=halves,
                seg=ks if per_channel else min(static.group_size, ks),
                stages=cfg.num_stages, wgs=cfg.block_n // BN, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
                dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
@@ -601,7 +616,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # x's own ring reads x by plane, which the pipelined loops and the mma.sync form (a step's
   # planes at once) do not.
   x_slots = cfg.x_slots
-  pipelined = not x_slots and (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
+  pipelined = not x_slots and halves == 1 and (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
                                else st.pipeline_fits)
   st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
@@ -613,7 +628,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # emulates the product from the same fragment-ordered x ring).
   st = dataclasses.replace(st, mma_sync=(
       cfg.mma_sync and cfg.registers_a and m_pad in mma_sync.ROWS and span2 in mma_sync.SPANS
-      and not (direct_x or st.pipeline or st.fold_zero or st.x_slots)))
+      and not (direct_x or st.pipeline or st.fold_zero or st.x_slots or halves > 1)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
   st = dataclasses.replace(st, out_registers=cfg.out_registers and not direct_out)

@@ -67,6 +67,18 @@ class Statics:
                                # no output tile in SMEM (``MosaicConfig.out_registers``)
   x_slots: int = 0            # x's planes in a ring of their own (mosaic_xring.py); 0: x
                               # travels with its step in the step ring
+  halves: int = 1             # 2: a ring step is half a layout step (``MosaicConfig.half_steps``):
+                              # its codes are the whole tile, its x and scales half of them
+
+  @property
+  def step_rows(self) -> int:
+    """K rows of one ring step: the layout's ``block_k``, or half of it with ``halves = 2``."""
+    return self.block_k // self.halves
+
+  @property
+  def step_planes(self) -> int:
+    """Planes (of ``span2`` K rows) of x in one ring step."""
+    return PLANES // self.halves
 
   @property
   def span2(self) -> int:
@@ -75,12 +87,16 @@ class Statics:
 
   @property
   def long_groups(self) -> bool:
-    """A scale covers one or more whole steps (else each step holds several groups)."""
+    """A scale covers one or more whole steps (else each step holds several groups). With half
+    steps a group of exactly one ring step takes the short-group path, so that the long one
+    always walks an even number of half steps per group (each pair one layout step)."""
+    if self.halves > 1:
+      return self.seg > self.step_rows
     return self.seg >= self.block_k
 
   @property
   def groups_per_step(self) -> int:
-    return 1 if self.long_groups else self.block_k // self.seg
+    return 1 if self.long_groups else self.step_rows // self.seg
 
   @property
   def groups_per_scope(self) -> int:
@@ -91,7 +107,7 @@ class Statics:
   @property
   def scope_planes(self) -> int:
     """The most planes one wgmma scope reads (``mosaic_xring``'s refill lag)."""
-    return self.groups_per_scope * (PLANES // self.groups_per_step)
+    return self.groups_per_scope * (self.step_planes // self.groups_per_step)
 
   @property
   def pipeline_fits(self) -> bool:
@@ -100,7 +116,7 @@ class Statics:
 
   @property
   def steps_per_group(self) -> int:
-    return self.seg // self.block_k if self.long_groups else 1
+    return self.seg // self.step_rows if self.long_groups else 1
 
 
 def _tiled(span2: int) -> tuple:

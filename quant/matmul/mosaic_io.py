@@ -46,10 +46,10 @@ def scale_rows(s_ref) -> int:
 
 
 def x_sums(xp, *, st: Statics):
-  """x's column sums per piece of ``block_k / groups_per_step`` rows (a group, or a step when
+  """x's column sums per piece of ``step_rows / groups_per_step`` rows (a group, or a step when
   a group spans several steps): float32 ``[Kp/piece, m_pad]`` from the padded ``[m_pad, Kp]``
   x (``Statics.late_zero``)."""
-  piece = st.block_k // st.groups_per_step
+  piece = st.step_rows // st.groups_per_step
   m_pad, kp = xp.shape
   return jnp.sum(xp.astype(jnp.float32).reshape(m_pad, kp // piece, piece), axis=-1).T
 

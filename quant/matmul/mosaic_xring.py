@@ -71,14 +71,14 @@ class XRing:
     st = self.st
     if self.own:
       return
+    n = st.step_planes                            # (half steps: half a layout step's planes)
     if st.direct_x:
-      for p in range(PLANES):
-        cols = pl.ds((gt * PLANES + p) * st.span2, st.span2)
+      for p in range(n):
+        cols = pl.ds((gt * n + p) * st.span2, st.span2)
         plgpu.copy_gmem_to_smem(self.xt_ref.at[pl.ds(0, st.m_pad), cols],
                                 self.x_ring.at[slot, p], bar)
     else:
-      plgpu.copy_gmem_to_smem(self.xt_ref.at[pl.ds(gt * PLANES, PLANES)], self.x_ring.at[slot],
-                              bar)
+      plgpu.copy_gmem_to_smem(self.xt_ref.at[pl.ds(gt * n, n)], self.x_ring.at[slot], bar)
 
   def prologue(self) -> None:
     """Warpgroup 0, before the loop: the first ``x_slots`` planes."""
