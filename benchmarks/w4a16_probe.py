@@ -217,12 +217,24 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # with the step's codes read per plane, a change since reverted: no gain, NOTES call 3).
     ("xring4_bk512", "base", dict(layout_block_k=512, x_slots=4)),
     ("xring4_bk512_grid", "base", dict(layout_block_k=512, x_slots=4, stream_ctas=0)),
-    # Session 22: half steps on the 512-row layout (MosaicConfig.half_steps; grid only): a
-    # slot holds half a step's x (64 KB at 128 rows), so two stages fit 128-feature CTAs.
-    ("half512", "base", dict(layout_block_k=512, half_steps=True, stream_ctas=0, split_k=1,
+    # Session 22: parts of steps (MosaicConfig.step_parts; grid only): a slot holds half (a
+    # quarter of) a step's x, so two stages of 128 (256) rows fit 128-feature CTAs; and the one
+    # accumulator (MosaicConfig.scaled_acc) that lets a call take 256 rows.
+    ("half512", "base", dict(layout_block_k=512, step_parts=2, stream_ctas=0, split_k=1,
                              block_n=128, num_stages=2, out_registers=True)),
-    ("half512_split2", "base", dict(layout_block_k=512, half_steps=True, stream_ctas=0,
+    ("half512_split2", "base", dict(layout_block_k=512, step_parts=2, stream_ctas=0,
                                     split_k=2, block_n=128, num_stages=2, out_registers=True)),
+    ("half512_scaled", "base", dict(layout_block_k=512, step_parts=2, stream_ctas=0, split_k=1,
+                                    block_n=128, num_stages=2, out_registers=True,
+                                    scaled_acc=True)),
+    ("q512_scaled", "base", dict(layout_block_k=512, step_parts=4, stream_ctas=0, split_k=1,
+                                 block_n=128, num_stages=2, out_registers=True,
+                                 scaled_acc=True)),
+    ("q512_scaled_split2", "base", dict(layout_block_k=512, step_parts=4, stream_ctas=0,
+                                        split_k=2, block_n=128, num_stages=2,
+                                        out_registers=True, scaled_acc=True)),
+    ("scaled", "base", dict(scaled_acc=True)),
+    ("p2_scaled", "base", dict(step_parts=2, scaled_acc=True)),
     # the public path with no config (the default's chunks), e.g. at M = 256
     ("api", "base", dict(api=True)),
     ("base_again", "base", {}),

@@ -174,6 +174,7 @@ def default_config(*, m: int, k: int, n: int, group_size: int, num_sms: int = NU
 MOSAIC_BLOCK_K = mosaic_layout.BLOCK_K
 MOSAIC_PLANES = mosaic_layout.PLANES
 MOSAIC_MAX_M = 128                 # rows of x one kernel call serves (a prepared weight: chunks)
+MOSAIC_SCALED_MAX_M = 256          # the same with ``MosaicConfig.scaled_acc`` (one accumulator)
 MOSAIC_WIDE_M = 64                 # above this, two warpgroups at most (the register budget)
 MOSAIC_ACC_COLUMNS = 64            # grid kernel's default ``acc_columns`` (0 = automatic)
 SMEM_BYTES = 227 * 1024            # opt-in shared memory per block on sm90
@@ -271,15 +272,27 @@ class MosaicConfig:
   the planes one wgmma scope reads (1 for g128 on 512-row steps above 64 rows; 4 for groups
   as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. H200 (session 21):
   1.6x slower than the step ring where both fit at 128 rows, so the heuristic never takes it.
-  ``half_steps`` (grid kernel; not with ``stream_ctas`` or ``x_slots``): the ring walks half
-  layout steps, ``block_k / 2`` K rows each. A slot holds half a step's x planes and scales
-  but the step's whole code tile, of which the warpgroup dequantizes the two nibbles (planes)
-  of its half, so the code tile crosses from L2 twice (its second read an L2 hit: +25% of
-  the ring's L2 -> SMEM bytes at 128 rows). What it buys: a slot of a 512-row layout at 128
-  rows holds 64 KB of x instead of 128, so two stages fit (195 KB) and one call serves 65..128
-  rows on that layout without x's per-plane ring; each slot's barrier is waited once per two
-  planes, as on a 256-row layout, which ran 128 x 8192 x 28672 in 0.118 ms against 0.153 for
-  64-row chunks (H200, session 21).
+  ``step_parts`` (1, 2 or 4; grid kernel, not with ``stream_ctas`` or ``x_slots``): the ring
+  walks parts of layout steps, ``block_k / step_parts`` K rows each. A slot holds that part of
+  the step's x planes and scale rows but the step's whole code tile, of which the warpgroup
+  dequantizes the nibbles (planes) of its part, so the code tile crosses from L2
+  ``step_parts`` times (the later reads L2 hits; at 128 rows and 2 parts +25% of the ring's
+  L2 -> SMEM bytes). What it buys: a slot of a 512-row layout at 128 rows holds 64 KB of x
+  instead of 128, so two stages fit (195 KB) and one call serves 65..128 rows on that layout
+  without x's per-plane ring; each slot's barrier is waited once per part, as on a 256-row
+  layout, which ran 128 x 8192 x 28672 in 0.118 ms against 0.153 for 64-row chunks (H200,
+  session 21). At 129..256 rows (``scaled_acc``) 2 parts of 256-row steps, 4 of 512-row ones.
+  Groups longer than a part but shorter than a layout step need ``scaled_acc``.
+  ``scaled_acc`` (grid kernel's wgmma form; ignored with ``stream_ctas``, ``pipeline``,
+  ``mma_sync``; ``late_zero`` ignored with it): one float32 accumulator holds the running
+  total in units of the current group's scale. Before group g's wgmmas it is multiplied by
+  ``s_{g-1} / s_g`` (a per-feature row; FlashAttention's rescaling of its output when the row
+  maximum moves), so ``acc * s_last`` is the total at the end. The usual form keeps the total
+  beside a fresh accumulator per group (``m_pad / 2`` registers a thread each), so this frees
+  ``m_pad / 2`` registers: what lets one call take 129..256 rows (wgmma N = 256, a 128-register
+  accumulator). The rescale is one multiply per element per group where the usual form has
+  one FMA, and rounds once per group (relative 2^-24: ~1e-6 over 64 groups). A zero scale keeps
+  the previous unit (``layout.prepare_mosaic`` stores q = z in such a group).
   """
   block_n: int = 128
   block_k: int = 512
@@ -296,7 +309,8 @@ class MosaicConfig:
   out_registers: bool = False
   acc_columns: int = 0
   x_slots: int = 0
-  half_steps: bool = False
+  step_parts: int = 1
+  scaled_acc: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):
@@ -317,6 +331,8 @@ class MosaicConfig:
     if not isinstance(self.stream_ctas, int) or isinstance(self.stream_ctas, bool) or (
         self.stream_ctas < 0):
       raise ValueError(f"MosaicConfig.stream_ctas must be an int >= 0, got {self.stream_ctas!r}")
+    if self.step_parts not in (1, 2, 4) or isinstance(self.step_parts, bool):
+      raise ValueError(f"MosaicConfig.step_parts must be 1, 2 or 4, got {self.step_parts!r}")
     if not isinstance(self.x_slots, int) or isinstance(self.x_slots, bool) or not (
         self.x_slots == 0 or 2 <= self.x_slots <= 16):
       raise ValueError(f"MosaicConfig.x_slots must be 0 (off) or an int in [2, 16], "
@@ -336,7 +352,7 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   # int16 weight tile, the planes of x, scale rows (at most one group per plane, float32 scales
   # at worst) and bf16 zero points; half steps: half the planes of x and of the scale rows.
   x_plane = mp * span2 * 2
-  planes_a_step = MOSAIC_PLANES // (2 if cfg.half_steps else 1)
+  planes_a_step = MOSAIC_PLANES // cfg.step_parts
   per_stage = (bn * span2 * 2 + (0 if cfg.x_slots else planes_a_step * x_plane)
                + planes_a_step * bn * (4 + (2 if asym else 0)))
   planes = 0 if cfg.registers_a else 2 * bn * span2 * 2
@@ -350,9 +366,12 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
 def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
                        asym: bool = True) -> None:
   """Raises NotImplementedError when ``cfg`` cannot serve ``[m, k]`` with these groups."""
-  if m > MOSAIC_MAX_M:
-    raise NotImplementedError(f"mosaic int4_matmul is a decode kernel (M <= {MOSAIC_MAX_M}); "
-                              f"M={m} needs a compute-bound path")
+  if m > (MOSAIC_SCALED_MAX_M if cfg.scaled_acc else MOSAIC_MAX_M):
+    raise NotImplementedError(
+        f"mosaic int4_matmul takes M <= {MOSAIC_MAX_M} (M <= {MOSAIC_SCALED_MAX_M} with "
+        f"scaled_acc); M={m} runs in chunks on a prepared weight")
+  if m > MOSAIC_MAX_M and cfg.stream_ctas:
+    raise NotImplementedError(f"M={m} > {MOSAIC_MAX_M} is a grid-kernel form (no stream_ctas)")
   if mosaic_m_pad(m) > MOSAIC_WIDE_M and cfg.block_n > 128:
     # Each thread holds a group accumulator and the running total, m_pad / 2 registers each:
     # at 65..128 rows four warpgroups (512 threads) would need more than 128 registers apiece.
@@ -360,9 +379,14 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
                               f"{MOSAIC_WIDE_M} would exceed the register file")
   bk, span2 = cfg.block_k, cfg.block_k // MOSAIC_PLANES
   per_channel = group_size >= k
-  if cfg.half_steps and (cfg.stream_ctas or cfg.x_slots):
-    raise NotImplementedError("MosaicConfig.half_steps is a grid-kernel form: not with "
+  if cfg.step_parts > 1 and (cfg.stream_ctas or cfg.x_slots):
+    raise NotImplementedError("MosaicConfig.step_parts is a grid-kernel form: not with "
                               "stream_ctas or x_slots")
+  if (cfg.step_parts > 1 and not cfg.scaled_acc and not per_channel
+      and bk // cfg.step_parts < group_size < bk):
+    raise NotImplementedError(f"groups of {group_size} rows span parts of a {bk}-row step "
+                              f"(step_parts={cfg.step_parts}) but not whole steps: needs "
+                              f"scaled_acc")
   if not mosaic_layout.mosaic_tiles_groups(bk, k, group_size):
     raise NotImplementedError(f"block_k={bk} cannot tile groups of {group_size} rows (planes of "
                               f"{span2} rows must lie in one group)")

@@ -77,7 +77,7 @@ from quant.matmul import layout, mma_sync, mosaic_io
 from quant.matmul.mosaic_io import (check_supported, kernel_inputs, on_hopper, scale_rows,
                                     split_refs, weight_boxes, x_sums, xs_rows, zero_offset)
 from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_pad,
-                                 MOSAIC_MAX_M, MOSAIC_WIDE_M,
+                                 MOSAIC_MAX_M, MOSAIC_SCALED_MAX_M, MOSAIC_WIDE_M,
                                  resolve_mosaic_config as resolve_config)
 # The launch statics and the plane dequant, shared with mosaic_stream.py (names kept here too).
 from quant.matmul.mosaic_common import (  # noqa: F401  (_and_or, pipeline_fits: for callers)
@@ -137,7 +137,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     for w in range(wgs):
       # (half steps: both halves of a layout step read its whole code tile)
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN,
-                                           step=gt // st.halves, g0=g0, gps=gps, span2=span2)
+                                           step=gt // st.parts, g0=g0, gps=gps, span2=span2)
       plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
       plgpu.copy_gmem_to_smem(s_rows, s_ring.at[slot, w], bar)
       if not st.sym:
@@ -151,9 +151,41 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
     return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span2), [0])
 
+  def scale_row(slot, g):
+    return plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+
   def scale_at(slot, g):
-    s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
-    return lax.broadcast_in_dim(s, (BN, st.m_pad), [0])
+    return lax.broadcast_in_dim(scale_row(slot, g), (BN, st.m_pad), [0])
+
+  def scaled_group(acc, unit, s, zero, codes, slot, nibbles, nibble0):
+    """``st.scaled_acc``: one group into the one accumulator. ``acc`` holds the running total
+    in units of ``unit`` (the scale row of the last group with a nonzero scale): it is moved
+    to units of this group's scale (``acc * unit / s``, as FlashAttention rescales its output
+    when the row maximum moves), then the group's wgmmas add its raw partial to it, so
+    ``acc * s`` is the total afterwards. A zero scale keeps the unit: its group adds nothing
+    (``layout.prepare_mosaic`` stores q = z where a real group's scale is 0; padded groups
+    meet zero-padded x). ``nibbles``: the group's planes in the code tile (x's plane in the
+    slot: ``nibble - nibble0``)."""
+    u = jnp.where(s == 0, unit, s)
+    acc = acc * lax.broadcast_in_dim(unit / u, (BN, st.m_pad), [0])
+    x_of = lambda nib: x_ring.at[slot, nib - nibble0].transpose((1, 0))
+    if st.registers_a:
+      def run(acc_ref):
+        for nib in nibbles:
+          plgpu.wgmma(acc_ref, _codes(codes, nib, st) - zero, x_of(nib))
+      return pl.run_state(run)(plgpu.ACC.init(acc)), u
+    # Planes through SMEM (interpret mode, registers_a=False): JAX 0.11.2's interpreter has no
+    # run_state accumulators (nor register operands), so the group's raw partial lands in a
+    # fresh accumulator that is added in registers, as the attention kernels' interpret form.
+    def run(acc_ref):
+      for i, nib in enumerate(nibbles):
+        if i >= 2:
+          plgpu.wgmma_wait(1)            # the wgmma that read this buffer is done
+        planes[i % 2] = _codes(codes, nib, st) - zero
+        plgpu.commit_smem()
+        plgpu.wgmma(acc_ref, planes.at[i % 2], x_of(nib))
+      return acc_ref[...]
+    return acc + pl.run_scoped(run, plgpu.ACC((BN, st.m_pad), jnp.float32)), u
 
   def prefetch(t):
     """Warpgroup 0, at step ``t``: TMA of step ``t + stages - 1`` into the slot step ``t - 1``
@@ -171,8 +203,10 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     each scope's partials scaled and added as soon as the scope completes (at most one scope's
     float32 tiles live: two 64-register partials at 128 rows would crowd the registers).
     Without: returns the step's float32 partials and scales, one per group (long groups, whose
-    steps are summed before the group's one scale). ``half`` (static; ``st.halves = 2``): which
-    half of its layout step ring step ``t`` is, so which nibbles of the code tile it reads."""
+    steps are summed before the group's one scale). With ``st.scaled_acc`` ``total`` is the
+    pair ``(acc, u)`` of ``scaled_step`` and so is the result. ``half`` (static): which part of
+    its layout step ring step ``t`` is (``st.parts``), so which nibbles of the code tile it
+    reads."""
     # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
     prefetch(t)
 
@@ -222,6 +256,16 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
       xr.release(t, tuple(g * planes_per_group + j for g in groups
                           for j in range(planes_per_group)), lag=st.scope_planes)
       return [acc[...] for acc in acc_refs]
+
+    if st.scaled_acc:
+      acc, unit = total
+      for g in range(gps):
+        acc, unit = scaled_group(acc, unit, scale_row(slot, g), zero_of(g), codes, slot,
+                                 [nibble0 + g * planes_per_group + j
+                                  for j in range(planes_per_group)], nibble0)
+      if wgs > 1:
+        plgpu.barrier_arrive(free.at[slot])      # this warpgroup is done with the slot
+      return acc, unit
 
     # Groups share one scope (one wgmma_wait(0)) while their accumulators stay small: a wait per
     # group would expose the wgmma latency once per group instead of once per scope.
@@ -288,8 +332,20 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
 
   if st.pipeline:
     total = _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st)
+  elif st.scaled_acc:
+    # Long groups need no path of their own: their steps load the same scale row, so the unit
+    # does not move (r = s / s = 1 exactly) until the group changes.
+    def parts_of_layout_step(i, carry):
+      for h in range(st.parts):
+        carry = step_partials(i * st.parts + h, carry, half=h)
+      return carry
+
+    ones = plgpu.layout_cast(jnp.ones((BN,), jnp.float32), row_vec)
+    acc, unit = lax.fori_loop(0, st.steps // st.parts, parts_of_layout_step,
+                              (zeros_tile(), ones))
+    total = acc * lax.broadcast_in_dim(unit, (BN, st.m_pad), [0])
   elif st.long_groups:
-    spg, halves = st.steps_per_group, st.halves   # (half steps: spg is even, see Statics)
+    spg, halves = st.steps_per_group, st.parts   # (half steps: spg is even, see Statics)
 
     def group(gi, total):
       def inner(i, carry):
@@ -302,14 +358,14 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
       return total + s * raw                     # every step of a group loads the same scale
 
     total = lax.fori_loop(0, st.steps // spg, group, zeros_tile())
-  elif st.halves > 1:
+  elif st.parts > 1:
     # Half steps in pairs: the nibbles a ring step reads depend on its parity, kept static.
     def pair(i, total):
-      for h in range(st.halves):
-        total = step_partials(i * st.halves + h, total, half=h)
+      for h in range(st.parts):
+        total = step_partials(i * st.parts + h, total, half=h)
       return total
 
-    total = lax.fori_loop(0, st.steps // st.halves, pair, zeros_tile())
+    total = lax.fori_loop(0, st.steps // st.parts, pair, zeros_tile())
   else:
     total = lax.fori_loop(0, st.steps, step_partials, zeros_tile())
 
@@ -521,26 +577,31 @@ MAX_UNROLLED_CHUNKS = 8      # above: a loop over the chunks (lax.map), to bound
 
 def chunk_rows(m: int, mw: layout.MosaicWeight, config: MosaicConfig | None = None) -> int:
   """Rows of x per kernel call on a prepared weight: all ``m`` when one call can serve them,
-  else equal chunks of at most ``MOSAIC_MAX_M`` rows where the weight's K step and ``config``
-  (None: the heuristic) fit that many, else of at most ``MOSAIC_WIDE_M`` (the heuristic on
-  512-row steps above 72 rows). Equal chunks pad x the
+  else equal chunks of the most rows ``config`` (None: the heuristic) fits on the weight's K
+  step: at most ``MOSAIC_SCALED_MAX_M`` (``scaled_acc``), else ``MOSAIC_MAX_M``, else
+  ``MOSAIC_WIDE_M`` (the heuristic on 512-row steps above 72 rows). Equal chunks pad x the
   least: 200 rows are two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
   def rows_under(limit: int) -> int:
     return -(-m // -(-m // limit))                 # ceil(m / number of chunks)
 
-  rows = rows_under(MOSAIC_MAX_M)
-  if rows <= MOSAIC_WIDE_M:
-    return rows
   k, n = mw.shape
-  try:
-    if config is None:
-      default_mosaic_config(m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym,
-                            block_k=mw.block_k)
-    else:
-      resolve_config(config, m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym)
-    return rows
-  except NotImplementedError:
-    return rows_under(MOSAIC_WIDE_M)
+
+  def fits(rows: int) -> bool:
+    try:
+      if config is None:
+        default_mosaic_config(m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym,
+                              block_k=mw.block_k)
+      else:
+        resolve_config(config, m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym)
+      return True
+    except NotImplementedError:
+      return False
+
+  for limit in (MOSAIC_SCALED_MAX_M, MOSAIC_MAX_M):
+    rows = rows_under(limit)
+    if rows <= MOSAIC_WIDE_M or fits(rows):
+      return rows
+  return rows_under(MOSAIC_WIDE_M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,8 +646,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   stream = cfg.stream_ctas > 0             # stream-K (mosaic_stream.py): no K split
   ks = kp if stream else kp // cfg.split_k
   per_channel = static.group_size >= static.k
-  halves = 2 if cfg.half_steps else 1     # (stream-K and x's own ring refuse it: config.py)
-  st = Statics(m_pad=m_pad, steps=ks // cfg.block_k * halves, block_k=cfg.block_k, halves=halves,
+  sp = cfg.step_parts                     # (stream-K and x's own ring refuse it: config.py)
+  st = Statics(m_pad=m_pad, steps=ks // cfg.block_k * sp, block_k=cfg.block_k, parts=sp,
                seg=ks if per_channel else min(static.group_size, ks),
                stages=cfg.num_stages, wgs=cfg.block_n // BN, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
                dtype=jnp.dtype(x.dtype), magic_bits=_MAGIC[jnp.dtype(x.dtype)][0],
@@ -616,7 +677,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # x's own ring reads x by plane, which the pipelined loops and the mma.sync form (a step's
   # planes at once) do not.
   x_slots = cfg.x_slots
-  pipelined = not x_slots and halves == 1 and (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
+  pipelined = not x_slots and sp == 1 and (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
                                else st.pipeline_fits)
   st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
@@ -628,9 +689,15 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # emulates the product from the same fragment-ordered x ring).
   st = dataclasses.replace(st, mma_sync=(
       cfg.mma_sync and cfg.registers_a and m_pad in mma_sync.ROWS and span2 in mma_sync.SPANS
-      and not (direct_x or st.pipeline or st.fold_zero or st.x_slots or halves > 1)))
+      and not (direct_x or st.pipeline or st.fold_zero or st.x_slots or sp > 1)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
-  st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero))
+  # scaled_acc: one accumulator through the K loop (the grid kernel's wgmma form; the pipelined
+  # loop and mma.sync keep their own accumulators, late_zero its per-group partials).
+  st = dataclasses.replace(st, scaled_acc=(cfg.scaled_acc and not stream and not st.pipeline
+                                           and not st.mma_sync and not st.x_slots))
+  st = dataclasses.replace(st, fold_zero=st.fold_zero and not st.scaled_acc)
+  st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero
+                                                                or st.scaled_acc))
   st = dataclasses.replace(st, out_registers=cfg.out_registers and not direct_out)
   plan = None
   if stream:

@@ -67,18 +67,20 @@ class Statics:
                                # no output tile in SMEM (``MosaicConfig.out_registers``)
   x_slots: int = 0            # x's planes in a ring of their own (mosaic_xring.py); 0: x
                               # travels with its step in the step ring
-  halves: int = 1             # 2: a ring step is half a layout step (``MosaicConfig.half_steps``):
-                              # its codes are the whole tile, its x and scales half of them
+  scaled_acc: bool = False    # one accumulator holds the running total in units of the
+                              # current group's scale (``MosaicConfig.scaled_acc``)
+  parts: int = 1              # ring steps a layout step (``MosaicConfig.step_parts``): each
+                              # holds the whole code tile, 1/parts of the x and the scales
 
   @property
   def step_rows(self) -> int:
-    """K rows of one ring step: the layout's ``block_k``, or half of it with ``halves = 2``."""
-    return self.block_k // self.halves
+    """K rows of one ring step: the layout's ``block_k``, or 1/parts of it."""
+    return self.block_k // self.parts
 
   @property
   def step_planes(self) -> int:
     """Planes (of ``span2`` K rows) of x in one ring step."""
-    return PLANES // self.halves
+    return PLANES // self.parts
 
   @property
   def span2(self) -> int:
@@ -90,7 +92,7 @@ class Statics:
     """A scale covers one or more whole steps (else each step holds several groups). With half
     steps a group of exactly one ring step takes the short-group path, so that the long one
     always walks an even number of half steps per group (each pair one layout step)."""
-    if self.halves > 1:
+    if self.parts > 1:
       return self.seg > self.step_rows
     return self.seg >= self.block_k
 

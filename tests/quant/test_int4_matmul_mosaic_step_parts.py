@@ -1,4 +1,4 @@
-"""Mosaic GPU W4A16 kernel with half steps (``MosaicConfig.half_steps``): the ring walks
+"""Mosaic GPU W4A16 kernel with half steps (``MosaicConfig.step_parts = 2``): the ring walks
 ``block_k / 2`` K rows a step, each slot holding half a layout step's x planes and scales and
 the whole code tile, of which a step dequantizes the nibbles of its half. Interpret-mode
 correctness (bitwise the whole-step kernel where groups are no longer than half a step: the
@@ -37,7 +37,7 @@ def test_bitwise_the_whole_steps_with_short_groups(m, direct_x):
   cfg = MosaicConfig(block_n=64, block_k=512, num_stages=2, split_k=2, out_registers=True,
                      direct_x=direct_x)
   outs = [w4_mosaic.int4_matmul(x, qw, interpret=True, config=dataclasses.replace(
-      cfg, half_steps=h)) for h in (False, True)]
+      cfg, step_parts=h)) for h in (1, 2)]
   assert _same_bits(outs[0], outs[1])
   _check(outs[1], x, qw, None)
 
@@ -63,7 +63,7 @@ def test_matches_reference(m, k, n, group_size, sym, act_order, dtype, bias, con
   qw = _weight(k, n, group_size=group_size, sym=sym, act_order=act_order, seed=m)
   x = _x(m, k, dtype, seed=m + 1)
   b = _x(1, n, dtype, seed=7)[0] if bias else None
-  cfg = dataclasses.replace(config, half_steps=True)
+  cfg = dataclasses.replace(config, step_parts=2)
   _check(w4_mosaic.int4_matmul(x, qw, bias=b, interpret=True, config=cfg), x, qw, b)
 
 
@@ -71,12 +71,12 @@ def test_config_rules():
   """At 128 rows on the 512-row layout two stages of whole steps overflow the SMEM (128 KB of x
   a slot); half steps fit them with 128-feature CTAs. Stream-K and x's own ring refuse them."""
   whole = MosaicConfig(block_n=128, block_k=512, num_stages=2, out_registers=True)
-  half = dataclasses.replace(whole, half_steps=True)
+  half = dataclasses.replace(whole, step_parts=2)
   assert mosaic_smem_bytes(whole, m=128, asym=True) > SMEM_BYTES
   assert mosaic_smem_bytes(half, m=128, asym=True) <= SMEM_BYTES
   check_mosaic_shape(half, m=128, k=8192, group_size=128)
   for other in (dict(stream_ctas=132), dict(x_slots=4)):
-    with pytest.raises(NotImplementedError, match="half_steps"):
+    with pytest.raises(NotImplementedError, match="step_parts"):
       check_mosaic_shape(dataclasses.replace(half, **other), m=128, k=8192, group_size=128)
   # (the heuristic does not take them yet: opt-in until timed on the H200)
   with pytest.raises(NotImplementedError, match="shared memory"):
@@ -92,7 +92,7 @@ def test_lowers_for_h200_at_128_rows():
   mw = jax.eval_shape(layout.prepare_mosaic, qw)
   assert mw.block_k == 512
   cfg = MosaicConfig(block_n=128, block_k=512, num_stages=2, out_registers=True,
-                     half_steps=True)
+                     step_parts=2)
   assert w4_mosaic.chunk_rows(m, mw, cfg) == m
   f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
   with _h200():
@@ -113,11 +113,11 @@ def test_compiled_half_steps():
   for bn in (64, 128):
     cfg = MosaicConfig(block_n=bn, block_k=512, num_stages=2, split_k=2, out_registers=True)
     outs = [w4_mosaic.int4_matmul(x, mw, interpret=False, config=dataclasses.replace(
-        cfg, half_steps=h)) for h in (False, True)]
+        cfg, step_parts=h)) for h in (1, 2)]
     assert _same_bits(outs[0], outs[1])
   x = _x(128, 4096, BF16, seed=6)
   cfg = MosaicConfig(block_n=128, block_k=512, num_stages=2, split_k=2, out_registers=True,
-                     half_steps=True)
+                     step_parts=2)
   _check(w4_mosaic.int4_matmul(x, mw, interpret=False, config=cfg), x, qw, None)
   xf = _x(100, 4096, F16, seed=7)
   _check(w4_mosaic.int4_matmul(xf, mw, interpret=False, config=cfg), xf, qw, None)
