@@ -15,6 +15,6 @@ probe() {  # probe DIR SHAPES VARIANTS BUDGET
   timeout -k 5 $(( $4 + 30 )) python3 benchmarks/w4a16_probe.py --out "$out/$1" --budget-s $4 \
       --variants "$3" --shapes "$2" 2>&1 | grep -v "^W0\|^I0" | grep "x.*ms err\|bf16" | tail -12
 }
-probe m128 128x8192x28672 api,half512,half512_split2,half512_scaled,bk256_wide 110
-probe m256a 256x8192x28672 api,half512,q512_scaled,q512_scaled_split2 100
-probe m256b 256x28672x8192,256x8192x8192,128x28672x8192 api,p2_scaled,scaled,base 110
+probe m128 128x8192x28672 api,one_call,half512_split2,half512_scaled,bk256_wide 110
+probe m256a 256x8192x28672 api,half512,one_call,q512_scaled_split2 100
+probe m256b 256x28672x8192,256x8192x8192,128x28672x8192 api,one_call,scaled,base 110

@@ -235,8 +235,10 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
                                         out_registers=True, scaled_acc=True)),
     ("scaled", "base", dict(scaled_acc=True)),
     ("p2_scaled", "base", dict(step_parts=2, scaled_acc=True)),
-    # the public path with no config (the default's chunks), e.g. at M = 256
+    # the public path with no config (the default's chunks), e.g. at M = 256; and with the
+    # heuristic's one-call config (default_mosaic_config(one_call=True), opt-in)
     ("api", "base", dict(api=True)),
+    ("one_call", "base", dict(one_call=True)),
     ("base_again", "base", {}),
 )
 
@@ -307,13 +309,17 @@ def main() -> int:
         bk = layout_bk or mws[0].block_k
         weights = [layout.prepare_mosaic(q, block_k=bk, tile_major=tile_major) for q in qws]
         over["block_k"] = bk
-      api = over.pop("api", False)
+      api, one_call = over.pop("api", False), over.pop("one_call", False)
       cfg = None if api else dataclasses.replace(base_cfg, **over)
+      if one_call:
+        cfg = default_mosaic_config(m=min(m, 256), k=k, n=n, group_size=128,
+                                    block_k=mws[0].block_k, one_call=True)
       saved = _apply(patch)
       entry = {}
       try:
         entry["config"] = "default" if api else dataclasses.asdict(
-            fit_mosaic_config(cfg, m=mc, k=k, group_size=128, n=n))
+            fit_mosaic_config(cfg, m=min(m, 256) if one_call else mc, k=k, group_size=128,
+                              n=n))
         jax.clear_caches()
         one = jax.jit(lambda x, w: w4.int4_matmul(x, w, config=cfg, **interp))
         fn = jax.jit(lambda x, ws: [w4.int4_matmul(x, w, config=cfg, **interp) for w in ws])

@@ -455,7 +455,8 @@ def resolve_mosaic_config(config, *, m: int, k: int, n: int, group_size: int,
 
 
 def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool = True,
-                          num_sms: int = NUM_SMS, block_k: int | None = None) -> MosaicConfig:
+                          num_sms: int = NUM_SMS, block_k: int | None = None,
+                          one_call: bool = False) -> MosaicConfig:
   """Heuristic MosaicConfig: widest plane the groups allow, two warpgroups sharing x, a 3-deep
   ring, K split for the SMs. (A guess until it is timed on an H200: see benchmarks/w4a16.py.)
 
@@ -476,6 +477,9 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   planes, ``x_slots``, fits there but measured slower than the chunks). ``block_k``: the K
   step of a prepared weight
   (``MosaicWeight.block_k``), else the layout's default.
+  ``one_call`` (opt-in until timed on the H200; benchmarks/NOTES.md, session 22): serve those
+  rows in one call instead: the fewest ``step_parts`` whose two stages fit 128-feature CTAs,
+  and above 128 rows (up to 256) ``scaled_acc``; grid kernel, K split by the wave rule.
   """
   per_channel = group_size >= k
   bk = block_k or mosaic_layout.default_block_k(k, n, group_size)
@@ -489,6 +493,15 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   wide = mosaic_m_pad(m) > MOSAIC_WIDE_M
   base = MosaicConfig(block_n=64 if narrow else 128, block_k=bk,
                       num_stages=4 if narrow else 2 if wide else 3, out_registers=wide)
+  if one_call and wide:
+    # The fewest parts of a step whose two stages fit 128-feature CTAs (x is 32-64 KB a part at
+    # 128 rows, 64 KB at 256); the one accumulator where a separate total would not fit.
+    base = dataclasses.replace(base, scaled_acc=mosaic_m_pad(m) > MOSAIC_MAX_M)
+    for parts in (1, 2, 4):
+      cand = dataclasses.replace(base, step_parts=parts)
+      if mosaic_smem_bytes(cand, m=m, asym=asym) <= SMEM_BYTES:
+        base = cand
+        break
   # 512-row steps above 72 rows do not fit the step ring: NotImplementedError here, so a
   # prepared weight runs 64-row chunks (``mosaic.chunk_rows``). x's own ring of planes
   # (``x_slots = 4``) would fit, but it measured 1.6x slower than the step ring on the H200
@@ -522,7 +535,8 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # keep the grid. M = 17..64 (one CTA per SM: x's planes fill the SMEM): 64x8192x28672
   # 0.1069 -> 0.0952 ms, 32x8192x28672 0.0584 -> 0.0527 (session 18, results/w4a16/
   # 2026-12-04_s18_probe_m32_64.json).
-  if split == 1 and (-(-n // cfg.block_n) > per_sm(cfg) * num_sms):
+  if split == 1 and (-(-n // cfg.block_n) > per_sm(cfg) * num_sms) and not (
+      cfg.step_parts > 1 or cfg.scaled_acc):                 # (those are grid-kernel forms)
     if not narrow and mosaic_m_pad(m) <= 16:
       # M = 9..16: four warpgroups sharing x's slice, two stages (one CTA per SM either way):
       # 0.0470 -> 0.0441 ms at 16x8192x28672 (H200, session 10; at M = 1 it was 7% slower).

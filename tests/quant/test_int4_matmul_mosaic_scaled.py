@@ -20,7 +20,8 @@ import quant
 from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
 from quant.matmul.config import (MOSAIC_SCALED_MAX_M, SMEM_BYTES, MosaicConfig,
-                                 check_mosaic_shape, mosaic_smem_bytes)
+                                 check_mosaic_shape, default_mosaic_config,
+                                 mosaic_smem_bytes)
 from test_int4_matmul_mosaic import BF16, F16, _abstract_weight, _h200
 from test_int4_matmul_triton import _check, _weight, _x
 
@@ -153,3 +154,34 @@ def test_compiled_scaled_acc():
       _check(w4_mosaic.int4_matmul(x, mw, interpret=False, config=wide), x, qw, None)
   y = quant.int4_matmul(_x(256, 4096, BF16, seed=1), layout.prepare_mosaic(qw), config=None)
   _check(y, _x(256, 4096, BF16, seed=1), qw, None)
+
+
+@pytest.mark.parametrize("m,k,n,block_k,parts,scaled,split", [
+    (128, 8192, 28672, 512, 2, False, 1), (96, 8192, 28672, 512, 2, False, 1),
+    (256, 8192, 28672, 512, 4, True, 1), (256, 28672, 8192, 256, 2, True, 2),
+    (200, 8192, 8192, 256, 2, True, 2), (128, 28672, 8192, 256, 1, False, 2)])
+def test_one_call_config(m, k, n, block_k, parts, scaled, split):
+  """``default_mosaic_config(one_call=True)`` (opt-in until timed): the fewest step parts whose
+  two stages fit 128-feature CTAs, the one accumulator above 128 rows, a grid (no stream-K)
+  with the wave rule's K split; the default without it is unchanged (NotImplementedError
+  above 128 rows, and on 512-row steps above 72 rows)."""
+  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k, one_call=True)
+  assert (cfg.block_n, cfg.num_stages, cfg.out_registers, cfg.stream_ctas) == (128, 2, True, 0)
+  assert (cfg.step_parts, cfg.scaled_acc, cfg.split_k) == (parts, scaled, split)
+  check_mosaic_shape(cfg, m=m, k=k, group_size=128)
+  if parts > 1 or scaled:
+    with pytest.raises(NotImplementedError):
+      default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k)
+  else:
+    assert default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k) == cfg
+
+
+def test_one_call_config_runs():
+  """The heuristic's one-call config at 150 rows (interpret mode, one warpgroup)."""
+  qw = _weight(1024, 64, group_size=128, sym=False, act_order=False, seed=9)
+  x = _x(150, 1024, BF16, seed=10)
+  mw = layout.prepare_mosaic(qw, block_k=512)
+  cfg = dataclasses.replace(default_mosaic_config(m=150, k=1024, n=64, group_size=128,
+                                                  block_k=512, one_call=True), block_n=64)
+  assert cfg.scaled_acc and cfg.step_parts == 2      # (x: 76 KB a half step at 152 rows)
+  _check(w4_mosaic.int4_matmul(x, mw, interpret=True, config=cfg), x, qw, None)
