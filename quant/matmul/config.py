@@ -503,7 +503,7 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
         base = cand
         break
   # 512-row steps above 72 rows do not fit the step ring: NotImplementedError here, so a
-  # prepared weight runs 64-row chunks (``mosaic.chunk_rows``). x's own ring of planes
+  # prepared weight runs 64-row chunks (``chunk_rows``). x's own ring of planes
   # (``x_slots = 4``) would fit, but it measured 1.6x slower than the step ring on the H200
   # (session 21, results/w4a16/2026-12-05_s21_call1_m128.json: 128 x 28672 x 8192 0.168 vs
   # 0.106 ms; 128 x 8192 x 28672 0.178 ms against ~0.145 for two 64-row calls): opt-in only.
@@ -560,3 +560,34 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
       fast = dataclasses.replace(cfg, mma_sync=True)
       cfg = fast if per_sm(fast) * num_sms == cfg.stream_ctas else cfg
   return cfg
+
+
+def chunk_rows(m: int, mw: "mosaic_layout.MosaicWeight",
+               config: MosaicConfig | None = None) -> int:
+  """Rows of x per kernel call on a prepared weight: all ``m`` when one call can serve them,
+  else equal chunks of the most rows ``config`` (None: the heuristic) fits on the weight's K
+  step: at most ``MOSAIC_SCALED_MAX_M`` (``scaled_acc``), else ``MOSAIC_MAX_M``, else
+  ``MOSAIC_WIDE_M`` (the heuristic on 512-row steps above 72 rows). Equal chunks pad x the
+  least: 200 rows are two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
+  def rows_under(limit: int) -> int:
+    return -(-m // -(-m // limit))                 # ceil(m / number of chunks)
+
+  k, n = mw.shape
+
+  def fits(rows: int) -> bool:
+    try:
+      if config is None:
+        default_mosaic_config(m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym,
+                              block_k=mw.block_k)
+      else:
+        resolve_mosaic_config(config, m=rows, k=k, n=n, group_size=mw.group_size,
+                              asym=not mw.sym)
+      return True
+    except NotImplementedError:
+      return False
+
+  for limit in (MOSAIC_SCALED_MAX_M, MOSAIC_MAX_M):
+    rows = rows_under(limit)
+    if rows <= MOSAIC_WIDE_M or fits(rows):
+      return rows
+  return rows_under(MOSAIC_WIDE_M)

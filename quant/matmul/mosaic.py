@@ -9,6 +9,11 @@ planes are then 64 KB a stage), so a prefill chunk reads the weight once per 128
 of once per 64; larger calls on a prepared weight run in equal chunks (``chunk_rows``; of 64
 rows on 512-row steps, whose x does not fit two stages at 128 rows: x's own ring of planes,
 ``MosaicConfig.x_slots``, ``mosaic_xring.py``, serves them in one call but measured slower).
+Opt-in, not yet timed on a GPU: ``MosaicConfig.step_parts`` (the ring walks halves or quarters
+of a layout step, so two stages of x fit at 128 rows on 512-row steps) and
+``MosaicConfig.scaled_acc`` (the running total kept in the wgmma accumulator in units of the
+current group's scale, which frees the registers for one call of up to 256 rows, wgmma N =
+256); ``config.default_mosaic_config(..., one_call=True)`` picks them.
 
 Maths. Per group ``g`` of K rows with per-feature scale ``s_g[n]`` and zero ``z_g[n]``::
 
@@ -46,9 +51,10 @@ come out in float32; XLA adds the splits and the bias, transposes and casts (for
 weights are served by gathering x's columns into the stored row order (``x[..., perm]``); the
 kernel never sees ``g_idx``.
 
-Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 128, codes
-wider than 4 bits, groups the planes cannot tile (a plane of block_k/4 rows must lie in one
-group and block_k and the group must divide one another, e.g. groups of 8 or 96), a config
+Not served (NotImplementedError, so ``quant.int4_matmul`` falls back): float32 x, M > 128 (256
+with ``scaled_acc``), codes wider than 4 bits, groups the planes cannot tile (a plane of
+block_k/4 rows must lie in one group and block_k and the group must divide one another, e.g.
+groups of 8 or 96), a config
 whose ring does not fit in SMEM, a non-Hopper device without ``interpret=True``, or a compiled
 call (``interpret=False``) on a plain ``QuantizedWeight``: repacking it into the planar layout
 on every call is a full extra pass over the weight, more than the kernel saves, so dispatch
@@ -76,8 +82,8 @@ from quant import formats
 from quant.matmul import layout, mma_sync, mosaic_io
 from quant.matmul.mosaic_io import (check_supported, kernel_inputs, on_hopper, scale_rows,
                                     split_refs, weight_boxes, x_sums, xs_rows, zero_offset)
-from quant.matmul.config import (MosaicConfig, default_mosaic_config, mosaic_m_pad,
-                                 MOSAIC_MAX_M, MOSAIC_SCALED_MAX_M, MOSAIC_WIDE_M,
+from quant.matmul.config import (MosaicConfig, chunk_rows, default_mosaic_config, mosaic_m_pad,
+                                 MOSAIC_MAX_M, MOSAIC_WIDE_M,
                                  resolve_mosaic_config as resolve_config)
 # The launch statics and the plane dequant, shared with mosaic_stream.py (names kept here too).
 from quant.matmul.mosaic_common import (  # noqa: F401  (_and_or, pipeline_fits: for callers)
@@ -575,35 +581,6 @@ def int4_matmul(x: Float[Array, "... K"],
 MAX_UNROLLED_CHUNKS = 8      # above: a loop over the chunks (lax.map), to bound the trace
 
 
-def chunk_rows(m: int, mw: layout.MosaicWeight, config: MosaicConfig | None = None) -> int:
-  """Rows of x per kernel call on a prepared weight: all ``m`` when one call can serve them,
-  else equal chunks of the most rows ``config`` (None: the heuristic) fits on the weight's K
-  step: at most ``MOSAIC_SCALED_MAX_M`` (``scaled_acc``), else ``MOSAIC_MAX_M``, else
-  ``MOSAIC_WIDE_M`` (the heuristic on 512-row steps above 72 rows). Equal chunks pad x the
-  least: 200 rows are two calls of 100 (or four of 50), not 128 + 72 padded to 256."""
-  def rows_under(limit: int) -> int:
-    return -(-m // -(-m // limit))                 # ceil(m / number of chunks)
-
-  k, n = mw.shape
-
-  def fits(rows: int) -> bool:
-    try:
-      if config is None:
-        default_mosaic_config(m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym,
-                              block_k=mw.block_k)
-      else:
-        resolve_config(config, m=rows, k=k, n=n, group_size=mw.group_size, asym=not mw.sym)
-      return True
-    except NotImplementedError:
-      return False
-
-  for limit in (MOSAIC_SCALED_MAX_M, MOSAIC_MAX_M):
-    rows = rows_under(limit)
-    if rows <= MOSAIC_WIDE_M or fits(rows):
-      return rows
-  return rows_under(MOSAIC_WIDE_M)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Static:
   cfg: MosaicConfig
@@ -677,8 +654,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # x's own ring reads x by plane, which the pipelined loops and the mma.sync form (a step's
   # planes at once) do not.
   x_slots = cfg.x_slots
-  pipelined = not x_slots and sp == 1 and (st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream
-                               else st.pipeline_fits)
+  pipelined = not x_slots and sp == 1 and (
+      st.groups_per_step % 2 == 0 and m_pad <= MOSAIC_WIDE_M if stream else st.pipeline_fits)
   st = dataclasses.replace(st, pipeline=st.pipeline and pipelined,
                            fold_zero=st.fold_zero and not stream, direct_x=direct_x,
                            direct_out=direct_out, x_slots=x_slots)
