@@ -350,7 +350,7 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, m: int, asym: bool) -> int:
   (``registers_a=False``), two of them."""
   span2, mp, bn = cfg.block_k // MOSAIC_PLANES, mosaic_m_pad(m), cfg.block_n
   # int16 weight tile, the planes of x, scale rows (at most one group per plane, float32 scales
-  # at worst) and bf16 zero points; half steps: half the planes of x and of the scale rows.
+  # at worst) and bf16 zero points; with step parts, a part of the planes and the scale rows.
   x_plane = mp * span2 * 2
   planes_a_step = MOSAIC_PLANES // cfg.step_parts
   per_stage = (bn * span2 * 2 + (0 if cfg.x_slots else planes_a_step * x_plane)

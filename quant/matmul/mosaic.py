@@ -141,7 +141,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
       plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)],
                               xs_ring.at[slot, pl.ds(0, gps)], bar)
     for w in range(wgs):
-      # (half steps: both halves of a layout step read its whole code tile)
+      # (step parts: every part of a layout step reads its whole code tile)
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN,
                                            step=gt // st.parts, g0=g0, gps=gps, span2=span2)
       plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
@@ -204,15 +204,15 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
           plgpu.barrier_wait(free.at[lax.rem(t - 1, stages)])
       issue(t + stages - 1)
 
-  def step_partials(t, total=None, half: int = 0):
+  def step_partials(t, total=None, part: int = 0):
     """Waits for step ``t``'s data. With ``total``: returns ``total + sum_g s_g * partial_g``,
     each scope's partials scaled and added as soon as the scope completes (at most one scope's
     float32 tiles live: two 64-register partials at 128 rows would crowd the registers).
     Without: returns the step's float32 partials and scales, one per group (long groups, whose
     steps are summed before the group's one scale). With ``st.scaled_acc`` ``total`` is the
-    pair ``(acc, u)`` of ``scaled_step`` and so is the result. ``half`` (static): which part of
-    its layout step ring step ``t`` is (``st.parts``), so which nibbles of the code tile it
-    reads."""
+    pair ``(acc, unit)`` of ``scaled_group`` and so is the result. ``part`` (static): which
+    part of its layout step ring step ``t`` is (``st.parts``), so which nibbles of the code
+    tile it reads."""
     # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
     prefetch(t)
 
@@ -222,7 +222,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     # The ring is swizzled like an operand, so this load is free of bank conflicts.
     codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
     planes_per_group = st.step_planes // gps
-    nibble0 = half * st.step_planes               # the code tile's nibble of local plane 0
+    nibble0 = part * st.step_planes               # the code tile's nibble of local plane 0
 
     zero_of = functools.partial(zero_at, slot)
 
@@ -336,42 +336,37 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
       issue(t)
     xr.prologue()                                  # (own x ring: its first x_slots planes)
 
+  def parts_of_step(i, carry):
+    """The ``st.parts`` ring steps of layout step ``i`` in one iteration: the nibbles a ring
+    step reads depend on its place in the layout step, so they stay static."""
+    for h in range(st.parts):
+      carry = step_partials(i * st.parts + h, carry, part=h)
+    return carry
+
   if st.pipeline:
     total = _pipelined_total(issue_planes, retire, prefetch, zeros_tile, st)
   elif st.scaled_acc:
     # Long groups need no path of their own: their steps load the same scale row, so the unit
     # does not move (r = s / s = 1 exactly) until the group changes.
-    def parts_of_layout_step(i, carry):
-      for h in range(st.parts):
-        carry = step_partials(i * st.parts + h, carry, half=h)
-      return carry
-
     ones = plgpu.layout_cast(jnp.ones((BN,), jnp.float32), row_vec)
-    acc, unit = lax.fori_loop(0, st.steps // st.parts, parts_of_layout_step,
-                              (zeros_tile(), ones))
+    acc, unit = lax.fori_loop(0, st.steps // st.parts, parts_of_step, (zeros_tile(), ones))
     total = acc * lax.broadcast_in_dim(unit, (BN, st.m_pad), [0])
   elif st.long_groups:
-    spg, halves = st.steps_per_group, st.parts   # (half steps: spg is even, see Statics)
+    spg, parts = st.steps_per_group, st.parts    # (spg: a multiple of parts, see config.py)
 
     def group(gi, total):
       def inner(i, carry):
         raw, _ = carry
-        for h in range(halves):                    # the halves of one layout step
-          (part,), (s,) = step_partials(gi * spg + i * halves + h, half=h)
-          raw = raw + part
+        for h in range(parts):                     # the parts of one layout step
+          (raw_h,), (s,) = step_partials(gi * spg + i * parts + h, part=h)
+          raw = raw + raw_h
         return raw, s
-      raw, s = lax.fori_loop(0, spg // halves, inner, (zeros_tile(), zeros_tile()))
+      raw, s = lax.fori_loop(0, spg // parts, inner, (zeros_tile(), zeros_tile()))
       return total + s * raw                     # every step of a group loads the same scale
 
     total = lax.fori_loop(0, st.steps // spg, group, zeros_tile())
   elif st.parts > 1:
-    # Half steps in pairs: the nibbles a ring step reads depend on its parity, kept static.
-    def pair(i, total):
-      for h in range(st.parts):
-        total = step_partials(i * st.parts + h, total, half=h)
-      return total
-
-    total = lax.fori_loop(0, st.steps // st.parts, pair, zeros_tile())
+    total = lax.fori_loop(0, st.steps // st.parts, parts_of_step, zeros_tile())
   else:
     total = lax.fori_loop(0, st.steps, step_partials, zeros_tile())
 
