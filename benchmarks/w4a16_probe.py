@@ -234,6 +234,14 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
                                         split_k=2, block_n=128, num_stages=2,
                                         out_registers=True, scaled_acc=True)),
     ("scaled", "base", dict(scaled_acc=True)),
+    # at 64 rows: four warpgroups (256 features) sharing x over two stages of half steps,
+    # within 128 registers a thread only with the one accumulator (plan item 4)
+    ("wg4_p2s_k1", "base", dict(layout_block_k=512, step_parts=2, scaled_acc=True, block_n=256,
+                                num_stages=2, stream_ctas=0, split_k=1, out_registers=True)),
+    ("wg4_p2s_k2", "base", dict(layout_block_k=512, step_parts=2, scaled_acc=True, block_n=256,
+                                num_stages=2, stream_ctas=0, split_k=2, out_registers=True)),
+    ("wg4_p2s_k4", "base", dict(layout_block_k=512, step_parts=2, scaled_acc=True, block_n=256,
+                                num_stages=2, stream_ctas=0, split_k=4, out_registers=True)),
     ("p2_scaled", "base", dict(step_parts=2, scaled_acc=True)),
     # the public path with no config (the default's chunks), e.g. at M = 256; and with the
     # heuristic's one-call config (default_mosaic_config(one_call=True), opt-in)

@@ -44,12 +44,15 @@ CASES = [
     (200, 1024, 64, 128, False, False, BF16, True,
      MosaicConfig(block_n=64, block_k=512, num_stages=2, step_parts=4, out_registers=True,
                   scaled_acc=True)),
+    (40, 2048, 256, 128, False, False, BF16, False,                # four warpgroups, half steps
+     MosaicConfig(block_n=256, block_k=512, num_stages=2, split_k=2, step_parts=2,
+                  out_registers=True, scaled_acc=True)),
 ]
 
 
 @pytest.mark.parametrize("m,k,n,group_size,sym,act_order,dtype,bias,config", CASES,
                          ids=["g128", "g256_quarters", "long_groups", "per_channel_split",
-                              "m200_one_call"])
+                              "m200_one_call", "wg4_half_steps"])
 def test_matches_reference(m, k, n, group_size, sym, act_order, dtype, bias, config):
   qw = _weight(k, n, group_size=group_size, sym=sym, act_order=act_order, seed=m)
   x = _x(m, k, dtype, seed=m + 1)
