@@ -247,6 +247,7 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # heuristic's one-call config (default_mosaic_config(one_call=True), opt-in)
     ("api", "base", dict(api=True)),
     ("one_call", "base", dict(one_call=True)),
+    ("one_call_carry", "base", dict(one_call=True, carry_codes=True)),   # codes at part 0 only
     ("base_again", "base", {}),
 )
 
@@ -319,9 +320,10 @@ def main() -> int:
         over["block_k"] = bk
       api, one_call = over.pop("api", False), over.pop("one_call", False)
       cfg = None if api else dataclasses.replace(base_cfg, **over)
-      if one_call:
-        cfg = default_mosaic_config(m=min(m, 256), k=k, n=n, group_size=128,
-                                    block_k=mws[0].block_k, one_call=True)
+      if one_call:   # (the rest of ``over`` on top of the heuristic's one-call config)
+        cfg = dataclasses.replace(default_mosaic_config(
+            m=min(m, 256), k=k, n=n, group_size=128, block_k=mws[0].block_k, one_call=True),
+            **over)
       saved = _apply(patch)
       entry = {}
       try:

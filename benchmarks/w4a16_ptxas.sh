@@ -24,3 +24,12 @@ jax.jit(f).lower(x, mw).compile()
       2>/dev/null | grep -v "^ *#loc" | sort | uniq -c | head -8
   [ -s /tmp/ptx_$tag.log ] && grep -m3 -E "Error|error" /tmp/ptx_$tag.log
 }
+
+# And a probe run printing only its timing lines (same shell):
+#   w4a16_probe_run DIR SHAPES VARIANTS BUDGET_S      # results under $OUT/DIR
+w4a16_probe_run() {
+  mkdir -p "${OUT:-/tmp}/$1"
+  timeout -k 5 $(( $4 + 30 )) python3 benchmarks/w4a16_probe.py --out "${OUT:-/tmp}/$1" \
+      --budget-s "$4" --variants "$3" --shapes "$2" 2>&1 | grep -v "^W0\|^I0" \
+      | grep "x.*ms err\|bf16" | tail -12
+}

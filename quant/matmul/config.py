@@ -283,6 +283,10 @@ class MosaicConfig:
   layout, which ran 128 x 8192 x 28672 in 0.118 ms against 0.153 for 64-row chunks (H200,
   session 21). At 129..256 rows (``scaled_acc``) 2 parts of 256-row steps, 4 of 512-row ones.
   Groups longer than a part but shorter than a layout step need ``scaled_acc``.
+  ``carry_codes`` (with ``step_parts`` > 1, else ignored): the code tile is copied into the
+  ring at a layout step's first part only and the later parts reuse its registers (32 a
+  thread at 512-row steps, live across the parts): the ring's L2 -> SMEM bytes at 256 rows and
+  4 parts drop by a third. Opt-in until timed: the registers may not be free.
   ``scaled_acc`` (grid kernel's wgmma form; ignored with ``stream_ctas``, ``pipeline``,
   ``mma_sync``; ``late_zero`` ignored with it): one float32 accumulator holds the running
   total in units of the current group's scale. Before group g's wgmmas it is multiplied by
@@ -311,6 +315,7 @@ class MosaicConfig:
   x_slots: int = 0
   step_parts: int = 1
   scaled_acc: bool = False
+  carry_codes: bool = False
 
   def __post_init__(self):
     if self.block_n not in (64, 128, 256):

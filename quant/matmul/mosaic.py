@@ -124,6 +124,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
              wg=wg)
   wgmma_layout = plgpu.Layout.WGMMA
   row_vec = plgpu.Layout.WGMMA.reduce(1)           # one value per row of a [64, *] tile
+  carried = {}                                     # carry_codes: the layout step's code tile
 
   def issue(t):
     """TMA of local step ``t`` into slot ``t % stages`` (one barrier arrival per copy)."""
@@ -140,14 +141,26 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     if st.late_zero:
       plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)],
                               xs_ring.at[slot, pl.ds(0, gps)], bar)
+    # Step parts: every part of a layout step reads its whole code tile, or with carry_codes
+    # only its first part, the others arriving on the barrier in place of that copy (after
+    # the copies, so the phase cannot complete before their bytes are expected).
+    first_part = lax.rem(gt, st.parts) == 0 if st.carry_codes else None
     for w in range(wgs):
-      # (step parts: every part of a layout step reads its whole code tile)
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref, feature0=n0 + w * BN,
                                            step=gt // st.parts, g0=g0, gps=gps, span2=span2)
-      plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
+      copy_codes = functools.partial(plgpu.copy_gmem_to_smem, codes, w_ring.at[slot, w], bar)
+      if st.carry_codes:
+        pl.when(first_part)(copy_codes)
+      else:
+        copy_codes()
       plgpu.copy_gmem_to_smem(s_rows, s_ring.at[slot, w], bar)
       if not st.sym:
         plgpu.copy_gmem_to_smem(z_rows, z_ring.at[slot, w], bar)
+    if st.carry_codes:
+      @pl.when(jnp.logical_not(first_part))
+      def _():
+        for _ in range(wgs):
+          plgpu.barrier_arrive(bar)
 
   def zero_at(slot, g):
     """B + z of group ``g`` of ring slot ``slot`` in the operand dtype (exact: B + z < 2B), B
@@ -219,8 +232,14 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
     # int16 [64, span2] in wgmma's operand layout: one 32-bit register = columns 2u and 2u + 1.
-    # The ring is swizzled like an operand, so this load is free of bank conflicts.
-    codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
+    # The ring is swizzled like an operand, so this load is free of bank conflicts. With
+    # carry_codes the later parts of a layout step reuse its first part's registers (the loop
+    # runs a layout step's parts in one iteration: ``parts_of_step``).
+    if st.carry_codes and part > 0:
+      codes = carried["codes"]
+    else:
+      codes = plgpu.load(w_ring.at[slot, wg], (), layout=wgmma_layout)
+      carried["codes"] = codes
     planes_per_group = st.step_planes // gps
     nibble0 = part * st.step_planes               # the code tile's nibble of local plane 0
 
@@ -667,7 +686,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # loop and mma.sync keep their own accumulators, late_zero its per-group partials).
   st = dataclasses.replace(st, scaled_acc=(cfg.scaled_acc and not stream and not st.pipeline
                                            and not st.mma_sync and not st.x_slots))
-  st = dataclasses.replace(st, fold_zero=st.fold_zero and not st.scaled_acc)
+  st = dataclasses.replace(st, fold_zero=st.fold_zero and not st.scaled_acc,
+                           carry_codes=cfg.carry_codes and sp > 1)
   st = dataclasses.replace(st, late_zero=cfg.late_zero and not (st.pipeline or st.fold_zero
                                                                 or st.scaled_acc))
   st = dataclasses.replace(st, out_registers=cfg.out_registers and not direct_out)

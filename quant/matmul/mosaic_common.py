@@ -69,6 +69,8 @@ class Statics:
                               # travels with its step in the step ring
   scaled_acc: bool = False    # one accumulator holds the running total in units of the
                               # current group's scale (``MosaicConfig.scaled_acc``)
+  carry_codes: bool = False   # with parts > 1: the code tile crosses to SMEM at a layout
+                              # step's first part only, the others reuse its registers
   parts: int = 1              # ring steps a layout step (``MosaicConfig.step_parts``): each
                               # holds the whole code tile, 1/parts of the x and the scales
 

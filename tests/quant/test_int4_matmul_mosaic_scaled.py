@@ -118,17 +118,18 @@ def test_chunk_rows_with_scaled_acc(m, rows):
   assert w4_mosaic.chunk_rows(256, mw) == 64               # the heuristic: unchanged for now
 
 
-@pytest.mark.parametrize("k,n,block_k,parts,split", [(8192, 28672, 512, 4, 1),
-                                                     (28672, 8192, 256, 2, 2)])
-def test_lowers_for_h200_at_256_rows(k, n, block_k, parts, split):
+@pytest.mark.parametrize("k,n,block_k,parts,split,carry", [(8192, 28672, 512, 4, 1, False),
+                                                           (8192, 28672, 512, 4, 1, True),
+                                                           (28672, 8192, 256, 2, 2, False)])
+def test_lowers_for_h200_at_256_rows(k, n, block_k, parts, split, carry):
   """256 rows in one call (wgmma N = 256): one Mosaic GPU kernel, float32 partials [split, N,
-  256]."""
+  256]; also with the code tile carried across the parts (``carry_codes``)."""
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
   qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
   cfg = MosaicConfig(block_n=128, block_k=block_k, num_stages=2, split_k=split,
-                     out_registers=True, step_parts=parts, scaled_acc=True)
+                     out_registers=True, step_parts=parts, scaled_acc=True, carry_codes=carry)
   f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
   with _h200():
     text = jax.jit(f).trace(jax.ShapeDtypeStruct((256, k), BF16), mw).lower(

@@ -103,7 +103,8 @@ def test_lowers_for_h200_at_128_rows():
 
 @pytest.mark.gpu
 def test_compiled_half_steps():
-  """Compiled: bitwise the whole steps at 40 rows (g128, one and two warpgroups), and 128 rows
+  """Compiled: bitwise the whole steps at 40 rows (g128, one and two warpgroups; codes copied
+  every part or carried from the first), and 128 rows
   on the 512-row layout in one call by the ratio rule."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
@@ -113,11 +114,28 @@ def test_compiled_half_steps():
   for bn in (64, 128):
     cfg = MosaicConfig(block_n=bn, block_k=512, num_stages=2, split_k=2, out_registers=True)
     outs = [w4_mosaic.int4_matmul(x, mw, interpret=False, config=dataclasses.replace(
-        cfg, step_parts=h)) for h in (1, 2)]
-    assert _same_bits(outs[0], outs[1])
+        cfg, step_parts=h, carry_codes=c)) for h, c in ((1, False), (2, False), (2, True))]
+    assert _same_bits(outs[0], outs[1]) and _same_bits(outs[0], outs[2])
   x = _x(128, 4096, BF16, seed=6)
   cfg = MosaicConfig(block_n=128, block_k=512, num_stages=2, split_k=2, out_registers=True,
                      step_parts=2)
   _check(w4_mosaic.int4_matmul(x, mw, interpret=False, config=cfg), x, qw, None)
   xf = _x(100, 4096, F16, seed=7)
   _check(w4_mosaic.int4_matmul(xf, mw, interpret=False, config=cfg), xf, qw, None)
+
+
+@pytest.mark.parametrize("m,group_size,parts,scaled", [(40, 128, 2, False), (24, -1, 2, False),
+                                                       (136, 128, 4, True)],
+                         ids=["short_groups", "per_channel", "quarters_scaled"])
+def test_carried_codes_are_bitwise_the_copied_ones(m, group_size, parts, scaled):
+  """``carry_codes``: the code tile crosses to SMEM at a layout step's first part only (the
+  later parts arrive on their barrier in its place) and the later parts reuse its registers:
+  the same codes, so the same bits, on every group path."""
+  qw = _weight(2048, 64, group_size=group_size, sym=False, act_order=False, seed=m)
+  x = _x(m, 2048, BF16, seed=m + 1)
+  cfg = MosaicConfig(block_n=64, block_k=512, num_stages=2, split_k=2, out_registers=True,
+                     step_parts=parts, scaled_acc=scaled)
+  outs = [w4_mosaic.int4_matmul(x, qw, interpret=True, config=dataclasses.replace(
+      cfg, carry_codes=c)) for c in (False, True)]
+  assert _same_bits(outs[0], outs[1])
+  _check(outs[1], x, qw, None)
