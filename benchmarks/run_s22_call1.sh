@@ -9,5 +9,5 @@ source benchmarks/w4a16_ptxas.sh
 C="block_n=128, num_stages=2, out_registers=True"
 w4a16_ptxas 128 8192 28672 "MosaicConfig($C, block_k=512, step_parts=2)"
 w4a16_ptxas 256 8192 28672 "MosaicConfig($C, block_k=512, step_parts=4, scaled_acc=True)"
-w4a16_probe_run m128 128x8192x28672 api,one_call,half512_split2,half512_scaled,bk256_wide 110
-w4a16_probe_run m256a 256x8192x28672 api,half512,one_call,one_call_carry,q512_scaled_split2 120
+w4a16_probe_run m128 128x8192x28672 api,one_call,one_call_stream,half512_scaled,bk256_wide 110
+w4a16_probe_run m256a 256x8192x28672 api,half512,one_call,one_call_carry,one_call_stream 120

@@ -9,5 +9,5 @@ W="MosaicConfig(block_n=256, block_k=512, num_stages=2, out_registers=True, step
 w4a16_ptxas 64 8192 28672 "$W, split_k=2)"
 w4a16_ptxas 64 28672 8192 "$W, split_k=4)"
 w4a16_probe_run m256b 256x28672x8192,256x8192x8192,128x28672x8192 api,one_call,scaled,base 120
-w4a16_probe_run m64a 64x8192x28672 base,wg4_p2s_k1,wg4_p2s_k2,base_again 110
+w4a16_probe_run m64a 64x8192x28672 base,wg4_p2s_k2,wg4_p2s_stream,base_again 110
 w4a16_probe_run m64b 64x28672x8192,64x8192x8192 base,wg4_p2s_k2,wg4_p2s_k4,base_again 140

@@ -242,12 +242,16 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
                                 num_stages=2, stream_ctas=0, split_k=2, out_registers=True)),
     ("wg4_p2s_k4", "base", dict(layout_block_k=512, step_parts=2, scaled_acc=True, block_n=256,
                                 num_stages=2, stream_ctas=0, split_k=4, out_registers=True)),
+    ("wg4_p2s_stream", "base", dict(layout_block_k=512, step_parts=2, scaled_acc=True,
+                                    block_n=256, num_stages=2, stream_ctas=132, split_k=1,
+                                    out_registers=True)),
     ("p2_scaled", "base", dict(step_parts=2, scaled_acc=True)),
     # the public path with no config (the default's chunks), e.g. at M = 256; and with the
     # heuristic's one-call config (default_mosaic_config(one_call=True), opt-in)
     ("api", "base", dict(api=True)),
     ("one_call", "base", dict(one_call=True)),
     ("one_call_carry", "base", dict(one_call=True, carry_codes=True)),   # codes at part 0 only
+    ("one_call_stream", "base", dict(one_call=True, stream_ctas=132, split_k=1)),  # 1 CTA / SM
     ("base_again", "base", {}),
 )
 

@@ -272,7 +272,7 @@ class MosaicConfig:
   the planes one wgmma scope reads (1 for g128 on 512-row steps above 64 rows; 4 for groups
   as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. H200 (session 21):
   1.6x slower than the step ring where both fit at 128 rows, so the heuristic never takes it.
-  ``step_parts`` (1, 2 or 4; grid kernel, not with ``stream_ctas`` or ``x_slots``): the ring
+  ``step_parts`` (1, 2 or 4; not with ``x_slots``; ``pipeline`` and ``mma_sync`` ignored): the ring
   walks parts of layout steps, ``block_k / step_parts`` K rows each. A slot holds that part of
   the step's x planes and scale rows but the step's whole code tile, of which the warpgroup
   dequantizes the nibbles (planes) of its part, so the code tile crosses from L2
@@ -287,9 +287,9 @@ class MosaicConfig:
   ring at a layout step's first part only and the later parts reuse its registers (32 a
   thread at 512-row steps, live across the parts): the ring's L2 -> SMEM bytes at 256 rows and
   4 parts drop by a third. Opt-in until timed: the registers may not be free.
-  ``scaled_acc`` (grid kernel's wgmma form; ignored with ``stream_ctas``, ``pipeline``,
-  ``mma_sync``; ``late_zero`` ignored with it): one float32 accumulator holds the running
-  total in units of the current group's scale. Before group g's wgmmas it is multiplied by
+  ``scaled_acc`` (the wgmma forms of both kernels; ignored with ``pipeline``, ``mma_sync``,
+  ``x_slots``; ``late_zero`` and ``fold_zero`` ignored with it): one float32 accumulator holds
+  the running total in units of the current group's scale. Before group g's wgmmas it is multiplied by
   ``s_{g-1} / s_g`` (a per-feature row; FlashAttention's rescaling of its output when the row
   maximum moves), so ``acc * s_last`` is the total at the end. The usual form keeps the total
   beside a fresh accumulator per group (``m_pad / 2`` registers a thread each), so this frees
@@ -375,8 +375,6 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
     raise NotImplementedError(
         f"mosaic int4_matmul takes M <= {MOSAIC_MAX_M} (M <= {MOSAIC_SCALED_MAX_M} with "
         f"scaled_acc); M={m} runs in chunks on a prepared weight")
-  if m > MOSAIC_MAX_M and cfg.stream_ctas:
-    raise NotImplementedError(f"M={m} > {MOSAIC_MAX_M} is a grid-kernel form (no stream_ctas)")
   if mosaic_m_pad(m) > MOSAIC_WIDE_M and cfg.block_n > 128:
     # Each thread holds a group accumulator and the running total, m_pad / 2 registers each:
     # at 65..128 rows four warpgroups (512 threads) would need more than 128 registers apiece.
@@ -384,9 +382,8 @@ def check_mosaic_shape(cfg: MosaicConfig, *, m: int, k: int, group_size: int,
                               f"{MOSAIC_WIDE_M} would exceed the register file")
   bk, span2 = cfg.block_k, cfg.block_k // MOSAIC_PLANES
   per_channel = group_size >= k
-  if cfg.step_parts > 1 and (cfg.stream_ctas or cfg.x_slots):
-    raise NotImplementedError("MosaicConfig.step_parts is a grid-kernel form: not with "
-                              "stream_ctas or x_slots")
+  if cfg.step_parts > 1 and cfg.x_slots:
+    raise NotImplementedError("MosaicConfig.step_parts walks the step ring: not with x_slots")
   if (cfg.step_parts > 1 and not cfg.scaled_acc and not per_channel
       and bk // cfg.step_parts < group_size < bk):
     raise NotImplementedError(f"groups of {group_size} rows span parts of a {bk}-row step "
@@ -541,7 +538,7 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   # 0.1069 -> 0.0952 ms, 32x8192x28672 0.0584 -> 0.0527 (session 18, results/w4a16/
   # 2026-12-04_s18_probe_m32_64.json).
   if split == 1 and (-(-n // cfg.block_n) > per_sm(cfg) * num_sms) and not (
-      cfg.step_parts > 1 or cfg.scaled_acc):                 # (those are grid-kernel forms)
+      cfg.step_parts > 1 or cfg.scaled_acc):        # (one_call keeps the grid until timed)
     if not narrow and mosaic_m_pad(m) <= 16:
       # M = 9..16: four warpgroups sharing x's slice, two stages (one CTA per SM either way):
       # 0.0470 -> 0.0441 ms at 16x8192x28672 (H200, session 10; at M = 1 it was 7% slower).

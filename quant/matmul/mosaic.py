@@ -88,7 +88,7 @@ from quant.matmul.config import (MosaicConfig, chunk_rows, default_mosaic_config
 # The launch statics and the plane dequant, shared with mosaic_stream.py (names kept here too).
 from quant.matmul.mosaic_common import (  # noqa: F401  (_and_or, pipeline_fits: for callers)
     ACC_COLUMNS, BN, PLANES, Statics, _MAGIC, _and_or, _codes, _tiled, mma_sync_group,
-    pipeline_fits)
+    pipeline_fits, scaled_group)
 from quant.matmul.mosaic_xring import XRing
 
 
@@ -176,36 +176,6 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
   def scale_at(slot, g):
     return lax.broadcast_in_dim(scale_row(slot, g), (BN, st.m_pad), [0])
 
-  def scaled_group(acc, unit, s, zero, codes, slot, nibbles, nibble0):
-    """``st.scaled_acc``: one group into the one accumulator. ``acc`` holds the running total
-    in units of ``unit`` (the scale row of the last group with a nonzero scale): it is moved
-    to units of this group's scale (``acc * unit / s``, as FlashAttention rescales its output
-    when the row maximum moves), then the group's wgmmas add its raw partial to it, so
-    ``acc * s`` is the total afterwards. A zero scale keeps the unit: its group adds nothing
-    (``layout.prepare_mosaic`` stores q = z where a real group's scale is 0; padded groups
-    meet zero-padded x). ``nibbles``: the group's planes in the code tile (x's plane in the
-    slot: ``nibble - nibble0``)."""
-    u = jnp.where(s == 0, unit, s)
-    acc = acc * lax.broadcast_in_dim(unit / u, (BN, st.m_pad), [0])
-    x_of = lambda nib: x_ring.at[slot, nib - nibble0].transpose((1, 0))
-    if st.registers_a:
-      def run(acc_ref):
-        for nib in nibbles:
-          plgpu.wgmma(acc_ref, _codes(codes, nib, st) - zero, x_of(nib))
-      return pl.run_state(run)(plgpu.ACC.init(acc)), u
-    # Planes through SMEM (interpret mode, registers_a=False): JAX 0.11.2's interpreter has no
-    # run_state accumulators (nor register operands), so the group's raw partial lands in a
-    # fresh accumulator that is added in registers, as the attention kernels' interpret form.
-    def run(acc_ref):
-      for i, nib in enumerate(nibbles):
-        if i >= 2:
-          plgpu.wgmma_wait(1)            # the wgmma that read this buffer is done
-        planes[i % 2] = _codes(codes, nib, st) - zero
-        plgpu.commit_smem()
-        plgpu.wgmma(acc_ref, planes.at[i % 2], x_of(nib))
-      return acc_ref[...]
-    return acc + pl.run_scoped(run, plgpu.ACC((BN, st.m_pad), jnp.float32)), u
-
   def prefetch(t):
     """Warpgroup 0, at step ``t``: TMA of step ``t + stages - 1`` into the slot step ``t - 1``
     used, once every warpgroup is done with it."""
@@ -223,7 +193,7 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     float32 tiles live: two 64-register partials at 128 rows would crowd the registers).
     Without: returns the step's float32 partials and scales, one per group (long groups, whose
     steps are summed before the group's one scale). With ``st.scaled_acc`` ``total`` is the
-    pair ``(acc, unit)`` of ``scaled_group`` and so is the result. ``part`` (static): which
+    pair ``(acc, unit)`` of ``mosaic_common.scaled_group`` and so is the result. ``part`` (static): which
     part of its layout step ring step ``t`` is (``st.parts``), so which nibbles of the code
     tile it reads."""
     # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
@@ -285,9 +255,10 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     if st.scaled_acc:
       acc, unit = total
       for g in range(gps):
-        acc, unit = scaled_group(acc, unit, scale_row(slot, g), zero_of(g), codes, slot,
+        acc, unit = scaled_group(acc, unit, scale_row(slot, g), zero_of(g), codes,
+                                 x_ring.at[slot], planes,
                                  [nibble0 + g * planes_per_group + j
-                                  for j in range(planes_per_group)], nibble0)
+                                  for j in range(planes_per_group)], nibble0, st)
       if wgs > 1:
         plgpu.barrier_arrive(free.at[slot])      # this warpgroup is done with the slot
       return acc, unit
@@ -684,7 +655,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
   # scaled_acc: one accumulator through the K loop (the grid kernel's wgmma form; the pipelined
   # loop and mma.sync keep their own accumulators, late_zero its per-group partials).
-  st = dataclasses.replace(st, scaled_acc=(cfg.scaled_acc and not stream and not st.pipeline
+  st = dataclasses.replace(st, scaled_acc=(cfg.scaled_acc and not st.pipeline
                                            and not st.mma_sync and not st.x_slots))
   st = dataclasses.replace(st, fold_zero=st.fold_zero and not st.scaled_acc,
                            carry_codes=cfg.carry_codes and sp > 1)

@@ -13,6 +13,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
@@ -191,3 +192,39 @@ def _codes(codes, p: int, st: Statics):
   bits = (lax.shift_right_logical(codes, jnp.int16(4 * p)) & jnp.int16(0xF)) | jnp.int16(
       st.magic_bits)
   return lax.bitcast_convert_type(bits, st.dtype)
+
+
+def scaled_group(acc, unit, s, zero, codes, x_slot, planes, nibbles, nibble0: int,
+                 st: Statics):
+  """``st.scaled_acc``: one group of a ring step into the one accumulator (both kernels).
+
+  ``acc`` [64, m_pad] float32 holds the running total in units of ``unit`` (a per-feature row:
+  the scale of the last group with a nonzero scale). It is moved to units of this group's
+  scale ``s`` (``acc * unit / s``, as FlashAttention rescales its output when the row maximum
+  moves), then the group's wgmmas add its raw partial ``sum (q - z) x`` to it, so ``acc * s``
+  is the total afterwards. A zero scale keeps the unit, and its group adds nothing
+  (``layout.prepare_mosaic`` stores q = z where a real group's scale is 0; padded groups meet
+  zero-padded x). ``nibbles``: the group's planes in the code tile; x's plane in the ring slot
+  ``x_slot`` is ``nibble - nibble0``. ``planes``: the two SMEM plane buffers of
+  ``registers_a=False``. Returns ``(acc, unit)``.
+  """
+  u = jnp.where(s == 0, unit, s)
+  acc = acc * lax.broadcast_in_dim(unit / u, (BN, st.m_pad), [0])
+  x_of = lambda nib: x_slot.at[nib - nibble0].transpose((1, 0))
+  if st.registers_a:
+    def run(acc_ref):
+      for nib in nibbles:
+        plgpu.wgmma(acc_ref, _codes(codes, nib, st) - zero, x_of(nib))
+    return pl.run_state(run)(plgpu.ACC.init(acc)), u
+  # Planes through SMEM (interpret mode, registers_a=False): JAX 0.11.2's interpreter has no
+  # run_state accumulators (nor register operands), so the group's raw partial lands in a
+  # fresh accumulator that is added in registers, as the attention kernels' interpret form.
+  def run(acc_ref):
+    for i, nib in enumerate(nibbles):
+      if i >= 2:
+        plgpu.wgmma_wait(1)              # the wgmma that read this buffer is done
+      planes[i % 2] = _codes(codes, nib, st) - zero
+      plgpu.commit_smem()
+      plgpu.wgmma(acc_ref, planes.at[i % 2], x_of(nib))
+    return acc_ref[...]
+  return acc + pl.run_scoped(run, plgpu.ACC((BN, st.m_pad), jnp.float32)), u

@@ -23,7 +23,10 @@ Each step is scaled as it completes (``total += s_g * partial_g``), whatever the
 (the grid kernel's long groups scale once per group instead), so per-channel, short and long
 groups all work. Not combined with ``fold_zero`` or ``direct_io`` (ignored). ``pipeline``
 (compiled) keeps one group's wgmmas in flight (``_group_pipeline``), with an even number of
-groups per step.
+groups per step. ``step_parts``, ``carry_codes`` and ``scaled_acc`` work as in the grid
+kernel: a unit is then ``step_parts`` ring steps, run in one loop iteration (the nibbles each
+reads stay static), and with ``scaled_acc`` a segment stores ``acc * unit`` and restarts the
+accumulator (the unit carries on).
 
 Measured (H200, session 8, benchmarks/NOTES.md): 46.6 -> 44.0 us kernel time at 1x8192x28672
 with 264 CTAs, 5.6% faster at M = 16 with 132, 15% slower at 8192 x 8192; with no compute at
@@ -48,7 +51,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from quant.matmul import layout
-from quant.matmul.mosaic_common import BN, PLANES, Statics, _codes, mma_sync_group
+from quant.matmul.mosaic_common import BN, PLANES, Statics, _codes, mma_sync_group, scaled_group
 from quant.matmul.mosaic_xring import XRing
 from quant.matmul.mosaic_io import scale_rows, split_refs, weight_boxes, zero_offset
 
@@ -116,8 +119,12 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
   u0 = lax.div(cta * units, ctas)
   count = lax.div((cta + 1) * units, ctas) - u0      # L or L + 1 units
   first_tile, first_step = lax.div(u0, steps), lax.rem(u0, steps)
-  rows_per_scale = st.seg // st.block_k if st.long_groups else 1
+  rows_per_scale = st.steps_per_group                # ring steps per scale row (long groups)
   row_vec = plgpu.Layout.WGMMA.reduce(1)
+  # Ring steps: st.parts per unit (``MosaicConfig.step_parts``); r = t * parts + h.
+  parts = st.parts
+  ring_count = count * parts
+  carried = {}                                       # carry_codes: the unit's code tile
 
   def unit(t):
     """(tile, step within the tile) of local unit t."""
@@ -125,31 +132,44 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
 
   # x's planes: in the step ring, or in their own (st.x_slots; mosaic_xring.py), whose planes
   # follow the units across tile boundaries like the step ring does.
+  # (x's own ring is refused with step parts, so its steps are the units)
   xr = XRing(st, xt_ref, x_ring, x_ready, x_free, step_of=lambda t: unit(t)[1], steps=count,
              wg=wg)
 
-  def issue(t):
+  def issue(r):
+    """TMA of ring step r (part ``r % parts`` of local unit ``r // parts``)."""
+    t, h = lax.div(r, parts), lax.rem(r, parts)
     tile, gt = unit(t)
-    slot = lax.rem(t, stages)
+    gr = gt * parts + h                              # the ring step's place in the tile's K
+    slot = lax.rem(r, stages)
     bar = ready.at[slot]
-    xr.step_copy(gt, slot, bar)
+    xr.step_copy(gr, slot, bar)
     g0 = 0 if scale_rows(s_ref) == 1 else (
-        gt // rows_per_scale if st.long_groups else gt * gps)
+        gr // rows_per_scale if st.long_groups else gr * gps)
     if st.late_zero:
-      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gt * gps, gps)],
+      plgpu.copy_gmem_to_smem(xs_ref.at[pl.ds(gr * gps, gps)],
                               xs_ring.at[slot, pl.ds(0, gps)], bar)
     for w in range(wgs):
       codes, s_rows, z_rows = weight_boxes(qt_ref, s_ref, z_ref,
                                            feature0=tile * (BN * wgs) + w * BN, step=gt, g0=g0,
                                            gps=gps, span2=span2)
-      plgpu.copy_gmem_to_smem(codes, w_ring.at[slot, w], bar)
+      copy_codes = functools.partial(plgpu.copy_gmem_to_smem, codes, w_ring.at[slot, w], bar)
+      if st.carry_codes:                   # (as in mosaic.w4a16_kernel: first part only)
+        pl.when(h == 0)(copy_codes)
+      else:
+        copy_codes()
       plgpu.copy_gmem_to_smem(s_rows, s_ring.at[slot, w], bar)
       if not st.sym:
         plgpu.copy_gmem_to_smem(z_rows, z_ring.at[slot, w], bar)
+    if st.carry_codes:
+      @pl.when(h != 0)
+      def _():
+        for _ in range(wgs):
+          plgpu.barrier_arrive(bar)
 
   def prefetch(t):
-    """Warpgroup 0 at unit t: TMA of unit t + stages - 1 into the slot unit t - 1 used."""
-    @pl.when(jnp.logical_and(wg == 0, t + stages - 1 < count))
+    """Warpgroup 0 at ring step t: TMA of ring step t + stages - 1 into the slot t - 1 used."""
+    @pl.when(jnp.logical_and(wg == 0, t + stages - 1 < ring_count))
     def _():
       if wgs > 1:
         @pl.when(t > 0)
@@ -163,15 +183,32 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     z = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
     return lax.broadcast_in_dim((z + st.magic).astype(st.dtype), (BN, span2), [0])
 
-  def scaled_step(t, total):
-    """total + sum_g s_g * (codes - z_g) x of unit t; a step's groups share a wgmma scope (one
-    wait) while their accumulators fit ``st.acc_columns`` (by default one group a scope here:
-    ``MosaicConfig.acc_columns``)."""
+  def scaled_step(t, total, part: int = 0):
+    """total + sum_g s_g * (codes - z_g) x of ring step t (``part``, static, of its unit); a
+    step's groups share a wgmma scope (one wait) while their accumulators fit
+    ``st.acc_columns`` (by default one group a scope here: ``MosaicConfig.acc_columns``). With
+    ``st.scaled_acc`` ``total`` is ``(acc, unit)`` (``mosaic_common.scaled_group``)."""
     prefetch(t)
     slot = lax.rem(t, stages)
     plgpu.barrier_wait(ready.at[slot])
-    codes = plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
-    per_group = PLANES // gps
+    if st.carry_codes and part > 0:
+      codes = carried["codes"]
+    else:
+      codes = plgpu.load(w_ring.at[slot, wg], (), layout=plgpu.Layout.WGMMA)
+      carried["codes"] = codes
+    per_group = st.step_planes // gps
+    nibble0 = part * st.step_planes                # the code tile's nibble of local plane 0
+    if st.scaled_acc:
+      acc, scale_unit = total
+      for g in range(gps):
+        s = plgpu.load(s_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
+        acc, scale_unit = scaled_group(acc, scale_unit, s, zero_of(slot, g), codes,
+                                       x_ring.at[slot], planes,
+                                       [nibble0 + g * per_group + j for j in range(per_group)],
+                                       nibble0, st)
+      if wgs > 1:
+        plgpu.barrier_arrive(free.at[slot])
+      return acc, scale_unit
 
     def mma(*acc_refs, groups, zeros):
       for i, (g, zero) in enumerate(zip(groups, zeros)):
@@ -179,7 +216,8 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
           p = g * per_group + j
           x_t = xr.plane(t, slot, p).transpose((1, 0))   # (own x ring: waits for the plane)
           # (B + q) - (B + z) = q - z, exact; or B + q, its offset taken off below (late_zero)
-          vals = _codes(codes, p, st) if st.late_zero else _codes(codes, p, st) - zero
+          q = _codes(codes, nibble0 + p, st)
+          vals = q if st.late_zero else q - zero
           if st.registers_a:
             plgpu.wgmma(acc_refs[i], vals, x_t)
             continue
@@ -216,14 +254,22 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
 
   @pl.when(wg == 0)
   def _prologue():
-    for t in range(stages - 1):
-      pl.when(t < count)(functools.partial(issue, t))
+    for r in range(stages - 1):
+      pl.when(r < ring_count)(functools.partial(issue, r))
     xr.prologue()                                  # (own x ring: its first x_slots planes)
 
   zeros = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
 
   def close(t, total):
     """After unit t: a segment that ends there is stored, and the sum restarts."""
+    if st.scaled_acc:                              # (acc, unit): the unit carries on
+      acc, scale_unit = total
+      value = acc * lax.broadcast_in_dim(scale_unit, (BN, st.m_pad), [0])
+      return close_value(t, value, acc), scale_unit
+    return close_value(t, total, total)
+
+  def close_value(t, total, running):
+    """Stores ``total`` where unit t ends a segment; returns ``running``, restarted there."""
     tile, gt = unit(t)
     ends = jnp.logical_or(gt == steps - 1, t == count - 1)
 
@@ -242,18 +288,24 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     # Restart the sum for the next segment. (Mosaic's select does not broadcast a scalar
     # predicate implicitly; a multiply by 0 would carry a NaN / inf of one tile into the next.)
     restart = plgpu.layout_cast(jnp.broadcast_to(ends, total.shape), plgpu.Layout.WGMMA)
-    return jnp.where(restart, zeros, total)
+    return jnp.where(restart, zeros, running)
 
   if st.pipeline:
     _group_pipeline(st=st, count=count, close=close, prefetch=prefetch, zero_of=zero_of,
                     w_ring=w_ring, x_ring=x_ring, s_ring=s_ring, ready=ready, free=free, wg=wg,
                     zeros=zeros)
   else:
-    lax.fori_loop(0, count, lambda t, total: close(t, scaled_step(t, total)), zeros)
+    def unit_body(t, total):
+      for h in range(parts):                       # (static: the nibbles a part reads)
+        total = scaled_step(t * parts + h, total, part=h)
+      return close(t, total)
+
+    ones = plgpu.layout_cast(jnp.ones((BN,), jnp.float32), row_vec)
+    lax.fori_loop(0, count, unit_body, (zeros, ones) if st.scaled_acc else zeros)
   if wgs > 1:
     @pl.when(wg == 0)
     def _drain():                                  # observe the last free phases
-      @pl.loop(jnp.maximum(count - stages, 0), count)
+      @pl.loop(jnp.maximum(ring_count - stages, 0), ring_count)
       def _(t):
         plgpu.barrier_wait(free.at[lax.rem(t, stages)])
       xr.drain()

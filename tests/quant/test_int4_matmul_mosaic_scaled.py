@@ -47,12 +47,15 @@ CASES = [
     (40, 2048, 256, 128, False, False, BF16, False,                # four warpgroups, half steps
      MosaicConfig(block_n=256, block_k=512, num_stages=2, split_k=2, step_parts=2,
                   out_registers=True, scaled_acc=True)),
+    (200, 2048, 192, 128, False, False, BF16, True,                # stream-K: 12 units on 5 CTAs
+     MosaicConfig(block_n=64, block_k=512, num_stages=2, stream_ctas=5, step_parts=4,
+                  out_registers=True, scaled_acc=True, carry_codes=True)),
 ]
 
 
 @pytest.mark.parametrize("m,k,n,group_size,sym,act_order,dtype,bias,config", CASES,
                          ids=["g128", "g256_quarters", "long_groups", "per_channel_split",
-                              "m200_one_call", "wg4_half_steps"])
+                              "m200_one_call", "wg4_half_steps", "m200_stream_carry"])
 def test_matches_reference(m, k, n, group_size, sym, act_order, dtype, bias, config):
   qw = _weight(k, n, group_size=group_size, sym=sym, act_order=act_order, seed=m)
   x = _x(m, k, dtype, seed=m + 1)
@@ -82,7 +85,7 @@ def test_zero_scale_group_adds_nothing():
 
 
 def test_config_rules():
-  """Above 128 rows only scaled_acc serves a call (no separate total), on the grid kernel; two
+  """Above 128 rows only scaled_acc serves a call (no separate total), grid or stream-K; two
   stages of 256 rows fit 128-feature CTAs with two parts of 256-row steps or four of 512-row
   steps, not with whole steps."""
   cfg = MosaicConfig(block_n=128, block_k=256, num_stages=2, out_registers=True)
@@ -97,9 +100,8 @@ def test_config_rules():
   check_mosaic_shape(quarters, m=256, k=8192, group_size=128)
   with pytest.raises(NotImplementedError, match="M <= 256"):
     check_mosaic_shape(quarters, m=MOSAIC_SCALED_MAX_M + 1, k=8192, group_size=128)
-  with pytest.raises(NotImplementedError, match="stream_ctas"):
-    check_mosaic_shape(dataclasses.replace(quarters, step_parts=1, stream_ctas=132), m=200,
-                       k=8192, group_size=128)
+  check_mosaic_shape(dataclasses.replace(quarters, stream_ctas=132), m=200, k=8192,
+                     group_size=128)                # stream-K takes them too
   # groups longer than a part but shorter than a step need the one accumulator
   with pytest.raises(NotImplementedError, match="scaled_acc"):
     check_mosaic_shape(dataclasses.replace(quarters, scaled_acc=False), m=16, k=8192,
@@ -118,23 +120,26 @@ def test_chunk_rows_with_scaled_acc(m, rows):
   assert w4_mosaic.chunk_rows(256, mw) == 64               # the heuristic: unchanged for now
 
 
-@pytest.mark.parametrize("k,n,block_k,parts,split,carry", [(8192, 28672, 512, 4, 1, False),
-                                                           (8192, 28672, 512, 4, 1, True),
-                                                           (28672, 8192, 256, 2, 2, False)])
-def test_lowers_for_h200_at_256_rows(k, n, block_k, parts, split, carry):
+@pytest.mark.parametrize("k,n,block_k,parts,split,carry,stream", [
+    (8192, 28672, 512, 4, 1, False, 0), (8192, 28672, 512, 4, 1, True, 0),
+    (28672, 8192, 256, 2, 2, False, 0), (8192, 28672, 512, 4, 1, True, 132)])
+def test_lowers_for_h200_at_256_rows(k, n, block_k, parts, split, carry, stream):
   """256 rows in one call (wgmma N = 256): one Mosaic GPU kernel, float32 partials [split, N,
-  256]; also with the code tile carried across the parts (``carry_codes``)."""
+  256] (stream-K: summed by XLA after it); also with the code tile carried across the parts
+  (``carry_codes``)."""
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
   qw = _abstract_weight(k, n, group_size=128, sym=False, act_order=False)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
   cfg = MosaicConfig(block_n=128, block_k=block_k, num_stages=2, split_k=split,
-                     out_registers=True, step_parts=parts, scaled_acc=True, carry_codes=carry)
+                     out_registers=True, step_parts=parts, scaled_acc=True, carry_codes=carry,
+                     stream_ctas=stream)
   f = lambda x, mw: w4_mosaic.int4_matmul(x, mw, config=cfg, interpret=False)
   with _h200():
     text = jax.jit(f).trace(jax.ShapeDtypeStruct((256, k), BF16), mw).lower(
         lowering_platforms=("cuda",)).as_text()
-  assert text.count("mosaic_gpu") >= 1 and f"tensor<{split}x{n}x256xf32>" in text
+  assert text.count("mosaic_gpu") >= 1
+  assert f"x{n}x256xf32>" in text if stream else f"tensor<{split}x{n}x256xf32>" in text
 
 
 @pytest.mark.gpu
