@@ -144,8 +144,8 @@ def test_lowers_for_h200_at_256_rows(k, n, block_k, parts, split, carry, stream)
 
 @pytest.mark.gpu
 def test_compiled_scaled_acc():
-  """Compiled: 40 and 128 rows (against the usual form within the ratio rule), 256 rows in one
-  call on both layouts, f16 at 200 rows."""
+  """Compiled: 40 and 128 rows (by the ratio rule), 256 rows in one call on both layouts, f16
+  at 200 rows, and 256 rows in one stream-K call with the code tile carried."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs a GPU")
   qw = _weight(4096, 1024, group_size=128, sym=False, act_order=False)
@@ -161,6 +161,11 @@ def test_compiled_scaled_acc():
       x = _x(m, 4096, dtype, seed=m)
       assert w4_mosaic.chunk_rows(m, mw, wide) == m
       _check(w4_mosaic.int4_matmul(x, mw, interpret=False, config=wide), x, qw, None)
+  stream = MosaicConfig(block_n=128, block_k=512, num_stages=2, out_registers=True,
+                        step_parts=4, scaled_acc=True, carry_codes=True, stream_ctas=7)
+  x = _x(256, 4096, BF16, seed=2)                   # 8 tiles x 8 steps on 7 CTAs
+  mw = layout.prepare_mosaic(qw, block_k=512)
+  _check(w4_mosaic.int4_matmul(x, mw, interpret=False, config=stream), x, qw, None)
   y = quant.int4_matmul(_x(256, 4096, BF16, seed=1), layout.prepare_mosaic(qw), config=None)
   _check(y, _x(256, 4096, BF16, seed=1), qw, None)
 

@@ -103,7 +103,7 @@ def test_lowers_for_h200_at_128_rows():
 
 
 @pytest.mark.gpu
-def test_compiled_half_steps():
+def test_compiled_step_parts():
   """Compiled: bitwise the whole steps at 40 rows (g128, one and two warpgroups; codes copied
   every part or carried from the first), and 128 rows
   on the 512-row layout in one call by the ratio rule."""
@@ -123,6 +123,12 @@ def test_compiled_half_steps():
   _check(w4_mosaic.int4_matmul(x, mw, interpret=False, config=cfg), x, qw, None)
   xf = _x(100, 4096, F16, seed=7)
   _check(w4_mosaic.int4_matmul(xf, mw, interpret=False, config=cfg), xf, qw, None)
+  # stream-K (16 tiles x 8 steps on 11 CTAs): half steps, codes carried, bitwise whole steps
+  stream = MosaicConfig(block_n=64, block_k=512, num_stages=2, stream_ctas=11,
+                        out_registers=True)
+  outs = [w4_mosaic.int4_matmul(x, mw, interpret=False, config=dataclasses.replace(
+      stream, step_parts=h, carry_codes=c)) for h, c in ((1, False), (2, True))]
+  assert _same_bits(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("m,group_size,parts,scaled", [(40, 128, 2, False), (24, -1, 2, False),
