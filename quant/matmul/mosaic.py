@@ -193,9 +193,9 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     float32 tiles live: two 64-register partials at 128 rows would crowd the registers).
     Without: returns the step's float32 partials and scales, one per group (long groups, whose
     steps are summed before the group's one scale). With ``st.scaled_acc`` ``total`` is the
-    pair ``(acc, unit)`` of ``mosaic_common.scaled_group`` and so is the result. ``part`` (static): which
-    part of its layout step ring step ``t`` is (``st.parts``), so which nibbles of the code
-    tile it reads."""
+    pair ``(acc, unit)`` of ``mosaic_common.scaled_group`` and so is the result. ``part``
+    (static): which part of its layout step ring step ``t`` is (``st.parts``), so which
+    nibbles of the code tile it reads."""
     # With one warpgroup the slot's wgmmas were waited at the end of step t - 1.
     prefetch(t)
 
@@ -608,7 +608,7 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
   stream = cfg.stream_ctas > 0             # stream-K (mosaic_stream.py): no K split
   ks = kp if stream else kp // cfg.split_k
   per_channel = static.group_size >= static.k
-  sp = cfg.step_parts                     # (stream-K and x's own ring refuse it: config.py)
+  sp = cfg.step_parts                     # (x's own ring refuses it: config.py)
   st = Statics(m_pad=m_pad, steps=ks // cfg.block_k * sp, block_k=cfg.block_k, parts=sp,
                seg=ks if per_channel else min(static.group_size, ks),
                stages=cfg.num_stages, wgs=cfg.block_n // BN, sym=zeros is None, zero=float(2 ** (static.bits - 1)),
@@ -653,8 +653,8 @@ def _call(x, qweight, scales, zeros, bias, *, static: _Static):
       cfg.mma_sync and cfg.registers_a and m_pad in mma_sync.ROWS and span2 in mma_sync.SPANS
       and not (direct_x or st.pipeline or st.fold_zero or st.x_slots or sp > 1)))
   # late_zero: the other two zero-point forms (pipeline, fold_zero) keep their own arithmetic.
-  # scaled_acc: one accumulator through the K loop (the grid kernel's wgmma form; the pipelined
-  # loop and mma.sync keep their own accumulators, late_zero its per-group partials).
+  # scaled_acc: one accumulator through the K loop (both kernels' wgmma forms; the pipelined
+  # loops and mma.sync keep their own accumulators, late_zero its per-group partials).
   st = dataclasses.replace(st, scaled_acc=(cfg.scaled_acc and not st.pipeline
                                            and not st.mma_sync and not st.x_slots))
   st = dataclasses.replace(st, fold_zero=st.fold_zero and not st.scaled_acc,

@@ -92,9 +92,9 @@ class Statics:
 
   @property
   def long_groups(self) -> bool:
-    """A scale covers one or more whole steps (else each step holds several groups). With half
-    steps a group of exactly one ring step takes the short-group path, so that the long one
-    always walks an even number of half steps per group (each pair one layout step)."""
+    """A scale covers one or more whole steps (else each step holds several groups). With step
+    parts a group of exactly one ring step takes the short-group path, so that the long one
+    always walks whole layout steps (``parts`` ring steps each) per group."""
     if self.parts > 1:
       return self.seg > self.step_rows
     return self.seg >= self.block_k

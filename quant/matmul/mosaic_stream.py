@@ -259,13 +259,18 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
     xr.prologue()                                  # (own x ring: its first x_slots planes)
 
   zeros = plgpu.layout_cast(jnp.zeros((BN, st.m_pad), jnp.float32), plgpu.Layout.WGMMA)
+  ones = plgpu.layout_cast(jnp.ones((BN,), jnp.float32), row_vec)     # scaled_acc's first unit
 
   def close(t, total):
     """After unit t: a segment that ends there is stored, and the sum restarts."""
-    if st.scaled_acc:                              # (acc, unit): the unit carries on
+    if st.scaled_acc:                              # (acc, unit): both restart at a segment end
       acc, scale_unit = total
       value = acc * lax.broadcast_in_dim(scale_unit, (BN, st.m_pad), [0])
-      return close_value(t, value, acc), scale_unit
+      tile_ends = jnp.logical_or(unit(t)[1] == steps - 1, t == count - 1)
+      restart = plgpu.layout_cast(jnp.broadcast_to(tile_ends, (BN,)), row_vec)
+      # (the next tile's features have scales of their own: a unit from this one could make
+      # the first ratio overflow)
+      return close_value(t, value, acc), jnp.where(restart, ones, scale_unit)
     return close_value(t, total, total)
 
   def close_value(t, total, running):
@@ -300,7 +305,6 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
         total = scaled_step(t * parts + h, total, part=h)
       return close(t, total)
 
-    ones = plgpu.layout_cast(jnp.ones((BN,), jnp.float32), row_vec)
     lax.fori_loop(0, count, unit_body, (zeros, ones) if st.scaled_acc else zeros)
   if wgs > 1:
     @pl.when(wg == 0)
