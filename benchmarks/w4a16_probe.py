@@ -217,9 +217,10 @@ VARIANTS = (  # name, patch, config overrides (or a function of the default conf
     # with the step's codes read per plane, a change since reverted: no gain, NOTES call 3).
     ("xring4_bk512", "base", dict(layout_block_k=512, x_slots=4)),
     ("xring4_bk512_grid", "base", dict(layout_block_k=512, x_slots=4, stream_ctas=0)),
-    # Session 22: parts of steps (MosaicConfig.step_parts; grid only): a slot holds half (a
-    # quarter of) a step's x, so two stages of 128 (256) rows fit 128-feature CTAs; and the one
-    # accumulator (MosaicConfig.scaled_acc) that lets a call take 256 rows.
+    # Session 22: parts of steps (MosaicConfig.step_parts; grid here, stream-K further down): a
+    # slot holds half (a quarter of) a step's x, so two stages of 128 (256) rows fit
+    # 128-feature CTAs; and the one accumulator (MosaicConfig.scaled_acc) that lets a call take
+    # 256 rows.
     ("half512", "base", dict(layout_block_k=512, step_parts=2, stream_ctas=0, split_k=1,
                              block_n=128, num_stages=2, out_registers=True)),
     ("half512_split2", "base", dict(layout_block_k=512, step_parts=2, stream_ctas=0,

@@ -272,8 +272,8 @@ class MosaicConfig:
   the planes one wgmma scope reads (1 for g128 on 512-row steps above 64 rows; 4 for groups
   as long as a step). ``pipeline`` and ``mma_sync`` are ignored with it. H200 (session 21):
   1.6x slower than the step ring where both fit at 128 rows, so the heuristic never takes it.
-  ``step_parts`` (1, 2 or 4; not with ``x_slots``; ``pipeline`` and ``mma_sync`` ignored): the ring
-  walks parts of layout steps, ``block_k / step_parts`` K rows each. A slot holds that part of
+  ``step_parts`` (1, 2 or 4; not with ``x_slots``; ``pipeline`` and ``mma_sync`` ignored): the
+  ring walks parts of layout steps, ``block_k / step_parts`` K rows each. A slot holds that part of
   the step's x planes and scale rows but the step's whole code tile, of which the warpgroup
   dequantizes the nibbles (planes) of its part, so the code tile crosses from L2
   ``step_parts`` times (the later reads L2 hits; at 128 rows and 2 parts +25% of the ring's
@@ -289,8 +289,8 @@ class MosaicConfig:
   4 parts drop by a third. Opt-in until timed: the registers may not be free.
   ``scaled_acc`` (the wgmma forms of both kernels; ignored with ``pipeline``, ``mma_sync``,
   ``x_slots``; ``late_zero`` and ``fold_zero`` ignored with it): one float32 accumulator holds
-  the running total in units of the current group's scale. Before group g's wgmmas it is multiplied by
-  ``s_{g-1} / s_g`` (a per-feature row; FlashAttention's rescaling of its output when the row
+  the running total in units of the current group's scale. Before group g's wgmmas it is
+  multiplied by ``s_{g-1} / s_g`` (a per-feature row; FlashAttention's rescaling of its output when the row
   maximum moves), so ``acc * s_last`` is the total at the end. The usual form keeps the total
   beside a fresh accumulator per group (``m_pad / 2`` registers a thread each), so this frees
   ``m_pad / 2`` registers: what lets one call take 129..256 rows (wgmma N = 256, a 128-register

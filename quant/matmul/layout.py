@@ -204,12 +204,13 @@ def prepare_mosaic(qw: formats.QuantizedWeight, *, block_k: int | None = None,
   # A group whose scale is 0 dequantizes to 0 whatever its codes: store q = z there, so that
   # its (q - z) x is 0 as well (``MosaicConfig.scaled_acc`` keeps the unit of the last nonzero
   # scale and needs such a group to add nothing). Our quantizers never make a zero scale.
-  if qw.scales.shape[0]:
-    row_group = jnp.minimum(jnp.arange(k) // gs, qw.scales.shape[0] - 1)
-    dead = (qw.scales == 0)[row_group]                                   # [K, N]
-    zero = (jnp.asarray(qw.zeros)[row_group] if qw.zeros is not None
-            else jnp.asarray(2 ** (qw.bits - 1)))
-    codes = jnp.where(dead, zero.astype(codes.dtype), codes)
+  # Per group ([G, gs, N] against [G, 1, N] rows), so that XLA fuses it into one elementwise
+  # pass instead of materializing [K, N] gathers of the scales and zero points.
+  groups = qw.scales.shape[0]
+  if groups and groups * gs == k:
+    dead = (qw.scales == 0)[:, None, :]
+    zero = qw.zero_points.astype(codes.dtype)[:, None, :]
+    codes = jnp.where(dead, zero, codes.reshape(groups, gs, n)).reshape(k, n)
   codes = jnp.pad(codes, ((0, kp - k), (0, np_ - n)))                    # [Kp, Np] stored order
   fields = codes.astype(jnp.uint16).reshape(kp // block_k, PLANES, span2, np_)
   fields = jnp.transpose(fields, (3, 0, 2, 1))                     # [Np, blocks, span2, planes]
