@@ -290,8 +290,8 @@ class MosaicConfig:
   ``scaled_acc`` (the wgmma forms of both kernels; ignored with ``pipeline``, ``mma_sync``,
   ``x_slots``; ``late_zero`` and ``fold_zero`` ignored with it): one float32 accumulator holds
   the running total in units of the current group's scale. Before group g's wgmmas it is
-  multiplied by ``s_{g-1} / s_g`` (a per-feature row; FlashAttention's rescaling of its output when the row
-  maximum moves), so ``acc * s_last`` is the total at the end. The usual form keeps the total
+  multiplied by ``s_{g-1} / s_g`` (a per-feature row; FlashAttention's rescaling of its output
+  when the row maximum moves), so ``acc * s_last`` is the total at the end. The usual form keeps the total
   beside a fresh accumulator per group (``m_pad / 2`` registers a thread each), so this frees
   ``m_pad / 2`` registers: what lets one call take 129..256 rows (wgmma N = 256, a 128-register
   accumulator). The rescale is one multiply per element per group where the usual form has
