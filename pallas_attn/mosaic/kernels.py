@@ -103,6 +103,8 @@ class Statics:
                                 # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
   lazy_rescale: float = 0.0     # forward: keep stale row maxima until one grows by more (FA4)
+  fp8: bool = False             # forward: Q, K, P and V (given transposed, [B, K, H, S]) in
+                                # float8_e4m3fn, with per-query and per-key float32 scales
 
   @property
   def v_ring(self) -> int:
@@ -147,7 +149,8 @@ def _mask(q_start, k_start, kv_len, q_seg, kv_seg, st: Statics):
 
 
 def fwd_kernel(*refs, st: Statics, has_meta: bool):
-  """Kernel body; ``refs`` = inputs (q, k, v[, meta][, q_seg, kv_seg]), outputs (o, lse), scratch."""
+  """Kernel body; ``refs`` = inputs (q, k, v[, meta][, q_seg, kv_seg][, q_scale, k_scale]),
+  outputs (o, lse), scratch."""
   refs = list(refs)
   q_ref, k_ref, v_ref = refs[:3]
   pos = 3
@@ -156,21 +159,25 @@ def fwd_kernel(*refs, st: Statics, has_meta: bool):
     meta_ref, pos = refs[pos], pos + 1
   if st.has_segments:
     q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
+  scale_refs = None
+  if st.fp8:
+    scale_refs, pos = (refs[pos], refs[pos + 1]), pos + 2
   counter_ref = None
   if st.dynamic:
     counter_ref, pos = refs[pos], pos + 1
   o_ref, lse_ref = refs[pos], refs[pos + 1]
   smem, bars = refs[pos + 2], refs[pos + 3]
   _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
-        bars, st)
+        bars, st, scale_refs)
 
 
 def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
-          bars, st: Statics):
+          bars, st: Statics, scale_refs=None):
   (q_smem2, o_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2,
-   sched_smem) = smem
+   sched_smem, qscale_smem2, kscale_smem) = smem
   (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, turns, tile_ready,
    tile_free) = bars
+  qs_ref, ks_ref = scale_refs or (None, None)
   wg = lax.axis_index("wg")
   bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   nc = st.consumers                    # consumer warpgroups; warpgroup nc is the producer
@@ -313,6 +320,14 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
                                 q_ready.at[nc + wg])
         plgpu.barrier_wait(q_ready.at[nc + wg])
         q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+      q_scale = None
+      if st.fp8:
+        # FP8: the rows' dequantisation scales (one per query row; equal within a block for
+        # FA3's block quantisation), folded into S below.
+        plgpu.copy_gmem_to_smem(qs_ref.at[batch, head, pl.ds(q_start, bq)], qscale_smem2.at[wg],
+                                q_ready.at[2 * nc + wg])
+        plgpu.barrier_wait(q_ready.at[2 * nc + wg])
+        q_scale = plgpu.load(qscale_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_wait(q_ready.at[wg])
       # Ring positions count every K/V block this CTA consumed; K and V may differ in depth.
       slot_of = lambda j: lax.rem(base + j - lo, stages)
@@ -335,6 +350,12 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
       def logits(s, j, slot, masked: bool):
         """Base-2 logits (x, c) of K/V block j (ring slot ``slot``) with its mask applied."""
+        if st.fp8:
+          # S = (Q8 K8^T) * s_q s_k: the wgmma ran on the e4m3 codes (FA3 Section 3.3); the
+          # key scales arrived with K on ``k_ready``.
+          k_scale = plgpu.load(kscale_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+          s = (s * lax.broadcast_in_dim(q_scale, s.shape, [0])
+               * lax.broadcast_in_dim(k_scale, s.shape, [1]))
         s, c = _logits2(s, st)
         if st.has_segments:
           # Waited on every step, masked or not: a barrier's phase advances once per fill.
@@ -420,7 +441,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
           plgpu.commit_smem()                     # make the register stores visible to wgmma
 
           def pv(acc_ref):
-            plgpu.wgmma(acc_ref, p_smem, v_smem.at[v_slot])
+            # FP8 wgmma reads only K-major operands: V^T's slot [H, block_kv], seen as V.
+            v_op = v_smem.at[v_slot]
+            plgpu.wgmma(acc_ref, p_smem, v_op.transpose((1, 0)) if st.fp8 else v_op)
             return acc_ref[...]
           acc = acc * alpha_o + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
           l_new = row_sum() if st.sum_in_pv else l_new
@@ -496,7 +519,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
                                 (k_ready, v_ready, seg_ready))
       kv_head = lax.div(head, jnp.int32(st.groups))
       if v_ring == stages:
-        fetch = kv_fetcher(gmem, smem_refs, ready, batch=batch, kv_head=kv_head, first=lo, st=st)
+        fetch = kv_fetcher(gmem, smem_refs, ready, batch=batch, kv_head=kv_head, first=lo, st=st,
+                           k_scales=(ks_ref, kscale_smem))
       else:
         fetch = split_kv_fetchers(gmem, smem_refs, ready, batch=batch, kv_head=kv_head,
                                   first=lo, st=st)
@@ -609,34 +633,48 @@ def pv_swizzle(block_kv: int, itemsize: int) -> int:
   raise ValueError(f"block_kv={block_kv} is not a multiple of {32 // itemsize}")
 
 
-def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
-  """Shared-memory buffers and barriers of ``fwd_kernel`` (order matters: see ``_body``)."""
-  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+def _tiled(row_elems: int, itemsize: int):
+  """TMA / wgmma transforms of a tile whose rows hold ``row_elems`` elements: the widest
+  swizzle (128 / 64 / 32 bytes) whose row of elements divides them."""
+  sw = pv_swizzle(row_elems, itemsize)
+  return plgpu.TilingTransform((8, sw // itemsize)), plgpu.SwizzleTransform(sw)
+
+
+def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool, out_dtype=None):
+  """Shared-memory buffers and barriers of ``fwd_kernel`` (order matters: see ``_body``).
+  ``dtype``: of Q, K, V (and P); ``out_dtype`` (default ``dtype``): of O."""
+  itemsize = jnp.dtype(dtype).itemsize
+  out_dtype = dtype if out_dtype is None else out_dtype
+  tiled = _tiled(head_dim, itemsize)                  # rows of H elements: Q, K
+  out_tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))   # 16-bit O
   bq, bkv, stages, nc = st.block_q, st.block_kv, st.num_stages, st.consumers
-  # V (the B operand of P V) and, in interpret mode, P (its A operand) share one swizzle.
-  sw = pv_swizzle(bkv, jnp.dtype(dtype).itemsize)
-  pv_tiled = (plgpu.TilingTransform((8, sw // jnp.dtype(dtype).itemsize)),
-              plgpu.SwizzleTransform(sw))
+  # V (the B operand of P V) and, in interpret mode, P (its A operand) share one swizzle. FP8
+  # keeps V^T: rows of block_kv keys, like P's.
+  pv_tiled = _tiled(bkv, itemsize)
+  v_slot = (head_dim, bkv) if st.fp8 else (bkv, head_dim)
   queue = schedule.scratch_types(consumers=nc) if st.dynamic else (None, None, None)
   smem = (
       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled),                # Q (and O)
-      (None if not st.persistent else                                       # O (persistent)
+      (plgpu.SMEM((nc, bq, head_dim), out_dtype, transforms=out_tiled) if st.fp8 else
+       None if not st.persistent else                                       # O (persistent)
        plgpu.SMEM((nc, 2, bq, O_CHUNK), dtype, transforms=tiled) if st.o_chunked else
        plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled)),
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
-      plgpu.SMEM((st.v_ring, bkv, head_dim), dtype, transforms=pv_tiled),     # V ring
+      plgpu.SMEM((st.v_ring, *v_slot), dtype, transforms=pv_tiled),           # V ring
       plgpu.SMEM((nc, bq), jnp.float32),                                      # lse
       plgpu.SMEM((META_LEN,), jnp.int32) if has_meta else None,
       plgpu.SMEM((nc, bq), jnp.int32) if st.has_segments else None,           # q segment ids
       plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,      # kv segment ring
       None if st.registers_pv else plgpu.SMEM((nc, bq, bkv), dtype, transforms=pv_tiled),
       queue[0],                                                               # next tiles
+      plgpu.SMEM((nc, bq), jnp.float32) if st.fp8 else None,                  # q scales
+      plgpu.SMEM((stages, bkv), jnp.float32) if st.fp8 else None,             # k scale ring
   )
   bars = (
-      plgpu.Barrier(num_barriers=stages),                                 # k_ready
+      plgpu.Barrier(num_arrivals=2 if st.fp8 else 1, num_barriers=stages),  # k_ready (+ scales)
       plgpu.Barrier(num_barriers=st.v_ring),                              # v_ready
       plgpu.Barrier(num_barriers=stages),                                 # seg_ready
-      plgpu.Barrier(num_barriers=2 * nc),                                 # q_ready (+ q seg)
+      plgpu.Barrier(num_barriers=(3 if st.fp8 else 2) * nc),              # q_ready (+ seg, scale)
       plgpu.Barrier(num_barriers=1),                                      # meta_ready
       plgpu.Barrier(num_arrivals=nc, num_barriers=stages),                # k_free
       plgpu.Barrier(num_arrivals=nc, num_barriers=st.v_ring),             # v_free
@@ -647,11 +685,14 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool):
 
 
 def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
-  """Shared memory of one CTA (the H100/H200 limit is 227 KB)."""
+  """Shared memory of one CTA (the H100/H200 limit is 227 KB). ``itemsize``: of Q, K, V."""
   rows = st.consumers * st.block_q
   tiles = rows * head_dim + (st.num_stages + st.v_ring) * st.block_kv * head_dim
   if st.persistent:                                              # O beside Q
     tiles += st.consumers * 2 * st.block_q * O_CHUNK if st.o_chunked else rows * head_dim
   if not st.registers_pv:
     tiles += rows * st.block_kv
-  return tiles * itemsize + rows * 8 + st.num_stages * st.block_kv * 4 + 1024
+  extra = 0
+  if st.fp8:                     # a 16-bit O buffer of its own, the q scales and k scale ring
+    extra = rows * head_dim * 2 + rows * 4 + st.num_stages * st.block_kv * 4
+  return tiles * itemsize + extra + rows * 8 + st.num_stages * st.block_kv * 4 + 1024

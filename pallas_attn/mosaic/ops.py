@@ -383,11 +383,19 @@ def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> i
 
 
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
-             hp: int, interpret):
+             hp: int, interpret, fp8_scales=None, out_dtype=None):
   """Pads to the CTA tile (consumers * block_q rows, block_kv keys, hp lanes), runs the kernel,
-  unpads."""
+  unpads. ``fp8_scales`` = (q scales [B, N, T], k scales [B, K, S]) float32: q, k are
+  float8_e4m3fn codes and v is V^T's codes [B, K, H, S] (``pallas_attn.mosaic.fp8``); the
+  output is then in ``out_dtype``."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
+  fp8 = fp8_scales is not None
+  out_dtype = q.dtype if out_dtype is None else out_dtype
+  if fp8:
+    # P goes through SMEM (an e4m3 A operand in registers needs a layout Mosaic GPU does not
+    # convert to), and the forms written for 16-bit operands stay off.
+    cfg = dataclasses.replace(cfg, persistent=False, overlap=False, v_stages=0, q_regs_cols=0)
   cta_q = cfg.consumers * cfg.block_q
   tq, tk = _round_up(t, cta_q), _round_up(s, cfg.block_kv)
   left, right = masks.canonical_window(causal=causal, window=window)
@@ -402,7 +410,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       has_segments=q_seg is not None, groups=n // kh, block_q=cfg.block_q,
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
       v_stages=0 if cfg.v_stages == cfg.num_stages else cfg.v_stages,
-      registers_pv=not interpret, overlap=cfg.overlap and not interpret and cfg.consumers == 2,
+      registers_pv=not interpret and not fp8, fp8=fp8,
+      overlap=cfg.overlap and not interpret and cfg.consumers == 2,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
       pin_softmax=cfg.pin_softmax,
@@ -462,7 +471,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   def pad(x, length):
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
 
-  inputs = [pad(q, tq), pad(k, tk), pad(v, tk)]
+  v_padded = jnp.pad(v, ((0, 0), (0, 0), (0, hp - h), (0, tk - s))) if fp8 else pad(v, tk)
+  inputs = [pad(q, tq), pad(k, tk), v_padded]
   if has_meta:
     kv_len = (jnp.full((b,), s, jnp.int32) if kv_lengths is None
               else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
@@ -474,6 +484,10 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   if st.has_segments:
     inputs.append(jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, tq - t)), constant_values=-1))
     inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, tk - s)), constant_values=-2))
+  if fp8:
+    q_scale, k_scale = fp8_scales
+    inputs.append(jnp.pad(q_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t))))
+    inputs.append(jnp.pad(k_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tk - s))))
 
   # Inside shard_map(check_vma=True) the outputs must vary over q's mesh axes, and every operand
   # over the same ones (as in the Triton backend).
@@ -483,10 +497,10 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   if st.dynamic:
     inputs.append(jax.new_ref(jnp.zeros((1,), jnp.int32)))   # the tile counter (schedule.py)
   smem_types, bar_types = kernels.scratch_types(st=st, head_dim=hp, dtype=q.dtype,
-                                                has_meta=has_meta)
+                                                has_meta=has_meta, out_dtype=out_dtype)
   out, lse = plgpu.kernel(
       functools.partial(kernels.fwd_kernel, st=st, has_meta=has_meta),
-      out_type=(jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),
+      out_type=(jax.ShapeDtypeStruct((b, tq, n, hp), out_dtype),
                 jax.ShapeDtypeStruct((b, n, tq), jnp.float32)),
       scratch_types=(smem_types, bar_types),
       **(dict(grid=(st.num_ctas,), grid_names=("sm",)) if st.persistent else

@@ -81,10 +81,12 @@ def named_barrier(op: str, barrier_id, num_threads: int):
   _bar(jnp.asarray(barrier_id, jnp.int32))
 
 
-def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
+def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics, k_scales=None):
   """``fetch(i[, slot])`` for ``produce``: TMA of K/V block ``first + i`` (and its segment ids)
-  into ring slot ``slot`` (default ``i % num_stages``); ``gmem`` / ``smem`` / ``ready`` are the (K, V, kv segment ids) refs,
-  ring buffers and ready barriers (the segment entries are None without segment ids)."""
+  into ring slot ``slot`` (default ``i % num_stages``); ``gmem`` / ``smem`` / ``ready`` are the
+  (K, V, kv segment ids) refs, ring buffers and ready barriers (the segment entries are None
+  without segment ids). ``st.fp8``: V is read from its transpose [B, K, H, S] and
+  ``k_scales`` = (the [B, K, S] key scales, their ring) go out on K's barrier (two arrivals)."""
   (k_ref, v_ref, seg_ref), (k_smem, v_smem, seg_smem), (k_ready, v_ready, seg_ready) = (
       gmem, smem, ready)
 
@@ -92,7 +94,13 @@ def kv_fetcher(gmem, smem, ready, *, batch, kv_head, first, st: Statics):
     slot = lax.rem(i, st.num_stages) if slot is None else slot
     keys = pl.ds((first + i) * st.block_kv, st.block_kv)
     plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem.at[slot], k_ready.at[slot])
-    plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem.at[slot], v_ready.at[slot])
+    if st.fp8:
+      ks_ref, ks_smem = k_scales
+      plgpu.copy_gmem_to_smem(ks_ref.at[batch, kv_head, keys], ks_smem.at[slot], k_ready.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[batch, kv_head, :, keys], v_smem.at[slot],
+                              v_ready.at[slot])
+    else:
+      plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem.at[slot], v_ready.at[slot])
     if st.has_segments:
       plgpu.copy_gmem_to_smem(seg_ref.at[batch, keys], seg_smem.at[slot], seg_ready.at[slot])
   return fetch

@@ -1,0 +1,48 @@
+"""FP8 forward on the Mosaic GPU backend: the FlashAttention-3 forward kernel on e4m3 codes.
+
+Called by ``pallas_attn.fp8.flash_attention_fp8`` with inputs it has quantized. The kernel is
+``kernels.fwd_kernel`` with ``Statics.fp8``: S = Q8 K8^T on the tensor cores' FP8 path (twice
+the bf16 rate on Hopper), scaled per query row and key (``s_q s_k``) before the mask and the
+online softmax; P is rounded to e4m3 and O += P8 V8 runs on the FP8 path too. FP8 wgmma reads
+K-major operands only, so V comes in transposed ([B, K, H, S]: the contraction of P V, over
+the keys, is then the fastest axis), and P goes through shared memory (an e4m3 A operand in
+registers needs the 8-bit wgmma register layout, which Mosaic GPU does not convert the
+accumulator's layout to). V's per-channel scales multiply the output here, after the kernel.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_attn.mosaic import ops
+from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
+
+
+def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale, window,
+              softcap, q_segment_ids, kv_segment_ids, kv_lengths, return_lse, config, interpret):
+  """FP8 forward: ``q8 [B, T, N, H]``, ``k8, v8 [B, S, K, H]`` float8_e4m3fn codes with
+  ``q_scale [B, N, T]``, ``k_scale [B, K, S]`` (per token) and ``v_scale [B, K, H]`` (per
+  channel) float32, so that q = q8 * q_scale etc. Returns out in ``out_dtype`` (and lse).
+
+  Raises NotImplementedError (dispatch then falls back) off Hopper without interpret mode, for
+  head dims over 256, a foreign config, or a tile set over shared memory.
+  """
+  hp = padded_head_dim(q8.shape[-1])
+  if not interpret and not ops._on_hopper():                      # pylint: disable=protected-access
+    raise NotImplementedError("mosaic FP8 attention needs a Hopper GPU (sm90) or interpret=True")
+  b, t, n, h = q8.shape
+  s, kh = k8.shape[1], k8.shape[2]
+  if config is None:
+    cfg = default_config(head_dim=h, seq_k=s, masked=causal or window is not None)
+  elif isinstance(config, Config):
+    cfg = config
+  else:
+    raise NotImplementedError(f"config of type {type(config).__name__} is not a mosaic Config")
+  vt = jnp.transpose(v8, (0, 2, 3, 1))                              # [B, K, H, S]
+  out, lse = ops._forward(                                          # pylint: disable=protected-access
+      q8, k8, vt, q_segment_ids, kv_segment_ids, kv_lengths, causal=causal,
+      scale=h ** -0.5 if scale is None else scale, window=window, softcap=softcap, cfg=cfg,
+      hp=hp, interpret=interpret, fp8_scales=(q_scale, k_scale), out_dtype=jnp.bfloat16)
+  # O was accumulated in V's per-channel units: out = (P8 V8 / l) * s_v, s_v of head n // G.
+  v_rows = jnp.repeat(v_scale, n // kh, axis=1)                     # [B, N, H]
+  out = (out.astype(jnp.float32) * v_rows[:, None]).astype(out_dtype)
+  return (out, lse) if return_lse else out
