@@ -20,6 +20,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from pallas_attn.api import flash_attention
+from pallas_attn.fp8 import flash_attention_fp8
 
 
 def make_attention_fn(
@@ -29,14 +30,17 @@ def make_attention_fn(
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
     interpret: bool | None = None,
+    fp8: bool = False,
 ) -> Callable[..., jax.Array]:
   """An ``attention_fn`` for ``flax.nnx.MultiHeadAttention`` backed by ``flash_attention``.
 
   Inputs are ``[..., length, heads, head_dim]`` as in ``nnx.dot_product_attention``. Causal
   masking comes from ``is_causal``; arbitrary ``mask``/``bias`` arrays, attention dropout and weight
   sowing have no tiled equivalent and raise NotImplementedError (use ``SelfAttention`` with segment
-  ids for packed sequences).
+  ids for packed sequences). ``fp8``: ``pallas_attn.fp8.flash_attention_fp8`` instead (e4m3
+  inputs, forward only: for inference; ``implementation`` then "mosaic", "xla" or None).
   """
+  attend = flash_attention_fp8 if fp8 else flash_attention
 
   def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
                    dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
@@ -53,8 +57,8 @@ def make_attention_fn(
     q, k, v = (x.reshape((-1,) + x.shape[-3:]) for x in (query, key, value))
     if dtype is not None:
       q, k, v = (x.astype(dtype) for x in (q, k, v))
-    out = flash_attention(q, k, v, causal=is_causal, window=window, softcap=softcap,
-                          implementation=implementation, config=config, interpret=interpret)
+    out = attend(q, k, v, causal=is_causal, window=window, softcap=softcap,
+                 implementation=implementation, config=config, interpret=interpret)
     return out.reshape(lead + out.shape[-3:])
 
   return attention_fn
