@@ -655,10 +655,10 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool, out_dtyp
   queue = schedule.scratch_types(consumers=nc) if st.dynamic else (None, None, None)
   smem = (
       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled),                # Q (and O)
-      (plgpu.SMEM((nc, bq, head_dim), out_dtype, transforms=out_tiled) if st.fp8 else
-       None if not st.persistent else                                       # O (persistent)
-       plgpu.SMEM((nc, 2, bq, O_CHUNK), dtype, transforms=tiled) if st.o_chunked else
-       plgpu.SMEM((nc, bq, head_dim), dtype, transforms=tiled)),
+      # O of its own: persistent (Q's buffer holds the next tile's Q) or FP8 (Q's is 8-bit).
+      (None if not (st.persistent or st.fp8) else
+       plgpu.SMEM((nc, 2, bq, O_CHUNK), out_dtype, transforms=out_tiled) if st.o_chunked else
+       plgpu.SMEM((nc, bq, head_dim), out_dtype, transforms=out_tiled)),
       plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=tiled),           # K ring
       plgpu.SMEM((st.v_ring, *v_slot), dtype, transforms=pv_tiled),           # V ring
       plgpu.SMEM((nc, bq), jnp.float32),                                      # lse
@@ -688,11 +688,12 @@ def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
   """Shared memory of one CTA (the H100/H200 limit is 227 KB). ``itemsize``: of Q, K, V."""
   rows = st.consumers * st.block_q
   tiles = rows * head_dim + (st.num_stages + st.v_ring) * st.block_kv * head_dim
-  if st.persistent:                                              # O beside Q
-    tiles += st.consumers * 2 * st.block_q * O_CHUNK if st.o_chunked else rows * head_dim
   if not st.registers_pv:
     tiles += rows * st.block_kv
   extra = 0
-  if st.fp8:                     # a 16-bit O buffer of its own, the q scales and k scale ring
-    extra = rows * head_dim * 2 + rows * 4 + st.num_stages * st.block_kv * 4
+  if st.persistent or st.fp8:                                    # O beside Q, 16-bit
+    o_elems = st.consumers * 2 * st.block_q * O_CHUNK if st.o_chunked else rows * head_dim
+    extra += o_elems * (2 if st.fp8 else itemsize)
+  if st.fp8:                                                     # q scales, k scale ring
+    extra += rows * 4 + st.num_stages * st.block_kv * 4
   return tiles * itemsize + extra + rows * 8 + st.num_stages * st.block_kv * 4 + 1024

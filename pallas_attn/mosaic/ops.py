@@ -395,7 +395,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   if fp8:
     # P goes through SMEM (an e4m3 A operand in registers needs a layout Mosaic GPU does not
     # convert to), and the forms written for 16-bit operands stay off.
-    cfg = dataclasses.replace(cfg, persistent=False, overlap=False, v_stages=0, q_regs_cols=0)
+    cfg = dataclasses.replace(cfg, overlap=False, v_stages=0, q_regs_cols=0)
   cta_q = cfg.consumers * cfg.block_q
   tq, tk = _round_up(t, cta_q), _round_up(s, cfg.block_kv)
   left, right = masks.canonical_window(causal=causal, window=window)

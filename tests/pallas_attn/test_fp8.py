@@ -15,7 +15,7 @@ import pytest
 import harness as H
 from pallas_attn import fp8, reference
 from pallas_attn.mosaic import fp8 as mosaic_fp8
-from pallas_attn.mosaic import ops
+from pallas_attn.mosaic import kernels, ops
 
 
 def _rel(a, b) -> float:
@@ -150,15 +150,24 @@ def test_mosaic_declines_off_hopper_without_interpret():
 @pytest.mark.parametrize("h,kw", [
     (64, dict(causal=True, softcap=20.0, kv_lengths=True)),
     (128, dict(window=(40, 10), segments=True)),
-], ids=["h64_causal_softcap_len", "h128_window_seg"])
-def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw):
+    (128, dict()),
+], ids=["h64_causal_softcap_len", "h128_window_seg", "h128_full_persistent"])
+def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw, monkeypatch):
   """The kernel against the same attention of the same codes in float32 (it differs by the
-  e4m3 rounding of P) and against bf16; lse (float32 row sums) agrees to rounding."""
+  e4m3 rounding of P) and against bf16; lse (float32 row sums) agrees to rounding. The
+  unmasked H = 128 call runs the persistent launch (``default_config``): the q scales are
+  loaded per tile there, and O has its own 16-bit buffer."""
   b, t, s, n, kh = 2, 130, 150, 4, 2
   q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=8)
+  launched = []
+  body = kernels.fwd_kernel
+  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
+      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  persistent = not kw
   kw = H.flag_kwargs(kw, t=t, s=s)
   out, lse = fp8.flash_attention_fp8(q, k, v, implementation="mosaic", interpret=True,
                                      return_lse=True, **kw)
+  assert launched and all(st.fp8 and st.persistent == persistent for st in launched)
   xla_out, xla_lse = fp8.flash_attention_fp8(q, k, v, implementation="xla", return_lse=True,
                                              **kw)
   assert out.dtype == q.dtype and out.shape == q.shape
