@@ -5,6 +5,7 @@ Implementations, each jit-compiled on bf16 random-normal q, k, v [B, T, N, H]:
 
 * ``fp8-kernel``: ``pallas_attn.mosaic.fp8.attention`` on inputs quantised beforehand (per-token
   Q / K scales after the Hadamard rotation, per-channel V): the kernel and V's output scaling;
+* ``fp8-kernel-preg``: the same with ``Config.fp8_p_registers`` (P as a register operand);
 * ``fp8``: ``pallas_attn.flash_attention_fp8`` end to end (the quantisation pass included);
 * ``bf16``: ``pallas_attn.flash_attention(implementation="mosaic")``;
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` in bf16;
@@ -23,6 +24,7 @@ causal). Outputs ``DIR/attention_fp8.json`` (rewritten after every measurement) 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -42,7 +44,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 import timing  # pylint: disable=wrong-import-position
 
-IMPLS = ("fp8-kernel", "fp8", "bf16", "cudnn", "cudnn-fp8")
+IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "bf16", "cudnn", "cudnn-fp8")
 ROWS = ((4, 4096, 16, 128), (16, 1024, 16, 128), (1, 16384, 16, 128), (8, 2048, 16, 128),
         (2, 8192, 16, 128), (4, 4096, 32, 64), (4, 4096, 8, 256))
 QUICK_ROWS = ((1, 128, 2, 64),)
@@ -85,12 +87,15 @@ def build(impl: str, causal: bool, h: int, q, k, v):
   if impl == "fp8":
     return jax.jit(lambda q, k, v: fp8.flash_attention_fp8(
         q, k, v, causal=causal, implementation="mosaic")), (q, k, v), as_f32
-  if impl == "fp8-kernel":
+  if impl in ("fp8-kernel", "fp8-kernel-preg"):
+    from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
     qf, kf, vf = jax.jit(fp8.quantize_inputs)(q, k, v)
+    config = dataclasses.replace(default_config(head_dim=h, seq_k=q.shape[1], masked=causal),
+                                 fp8_p_registers=impl.endswith("preg"))
     fn = functools.partial(mosaic_fp8.attention, out_dtype=q.dtype, causal=causal, scale=scale,
                            window=None, softcap=None, q_segment_ids=None, kv_segment_ids=None,
-                           kv_lengths=None, return_lse=False, config=None,
+                           kv_lengths=None, return_lse=False, config=config,
                            interpret=jax.default_backend() != "gpu")
     args = (qf.codes, qf.scale, kf.codes, kf.scale, vf.codes, vf.scale)
     return jax.jit(fn), args, lambda o: as_f32(o)[..., :h]

@@ -232,6 +232,12 @@ class Config:
       1x16384x16x128 full (forward +12%, dK/dV +10%, dQ +7%) and by 2-8% per backward kernel
       at 4x4096: ~128 CTAs reading the same blocks at once contend more than 16 heads' blocks
       cost in L2 misses. Off (heads fastest).
+    fp8_p_registers: FP8 forward (``pallas_attn.flash_attention_fp8``, compiled): P stays in
+      registers as P V's e4m3 A operand instead of going through shared memory. The 8-bit
+      operand layout gives a thread 4 consecutive keys of a 16-key group where the f32
+      accumulator gives it keys {2q, 2q+1, 8+2q, 9+2q}, so V's keys are permuted within each
+      group to match (at quantisation, ``ops.fp8_key_order``) and P's registers are regrouped
+      without moving data (``operands.p_as_8bit_operand``). Not yet timed: off.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -268,6 +274,7 @@ class Config:
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
   seq_major: bool = False
+  fp8_p_registers: bool = False
 
   def __post_init__(self):
     if self.block_q not in (64, 128):

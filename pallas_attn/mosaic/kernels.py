@@ -37,7 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
 from pallas_attn.mosaic import fastexp, overlap, schedule
-from pallas_attn.mosaic.operands import q_operands
+from pallas_attn.mosaic.operands import p_as_8bit_operand, q_operands
 # The rings, their producer loops, the hardware barriers and the tile ranges live in ring.py
 # (shared with the backward kernels); re-exported here, where they were first written.
 from pallas_attn.mosaic.ring import (  # noqa: F401  pylint: disable=unused-import
@@ -405,6 +405,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
           p16, l_new = p.astype(q_smem.dtype), l_prev * alpha + p.sum(axis=1)
         else:
           p16, alpha, m_new, l_new = _softmax(s, m_prev, l_prev, q_smem.dtype, c, poly_cols=poly)
+        if st.fp8 and st.registers_pv:
+          # Config.fp8_p_registers: P as the 8-bit A operand (V's keys were permuted to match).
+          p16 = p_as_8bit_operand(p16)
         row_sum = lambda: l_prev * alpha + p.sum(axis=1)
         alpha_o = lax.broadcast_in_dim(alpha, acc.shape, [0])
         if st.lazy_rescale and st.registers_pv:
@@ -424,7 +427,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         if st.registers_pv:
           def pv(refs):
             acc_ref, l_ref = refs if st.sum_in_pv else (refs, None)
-            plgpu.wgmma(acc_ref, p16, v_smem.at[v_slot])
+            v_op = v_smem.at[v_slot]
+            plgpu.wgmma(acc_ref, p16, v_op.transpose((1, 0)) if st.fp8 else v_op)
             if st.sum_in_pv:
               l_ref[...] = row_sum()
             # (early_k_wait) the next K block is waited for while this P V runs: the wgmma is

@@ -1,7 +1,12 @@
-"""Register wgmma operands for the Mosaic kernels (``Config.q_regs_cols``, ``bwd_dq_regs``)."""
+"""Register wgmma operands for the Mosaic kernels (``Config.q_regs_cols``, ``bwd_dq_regs``,
+``fp8_p_registers``)."""
 from __future__ import annotations
 
+import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 
 def q_operands(q_smem, reg_cols: int):
@@ -26,3 +31,35 @@ def q_operands(q_smem, reg_cols: int):
     return [(q_smem[...], slice(None))]
   head, tail = pl.ds(0, reg_cols), pl.ds(reg_cols, h - reg_cols)
   return [(q_smem.at[:, head][...], head), (q_smem.at[:, tail], tail)]
+
+
+def p_as_8bit_operand(p8):
+  """P [rows, keys] in e4m3 (the f32 accumulator's WGMMA layout, cast) as the 8-bit wgmma A
+  operand layout, with no data movement: in each 16-key group the accumulator layout gives a
+  thread keys {2q, 2q+1} and {8 + 2q, 9 + 2q} (two 2-byte registers per row), the 8-bit layout
+  keys 4q .. 4q + 3 (one 4-byte register). Concatenating the two registers reads the group's
+  keys in the order ``fp8_key_order``, so P V is right when V's keys were permuted so
+  (``ops._forward`` does it). Compiled only (the interpreter has no register wgmma operands)."""
+  shape = p8.shape
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                     return_type=plgpu.ShapeDtypeStruct(shape, p8.dtype,
+                                                        layout=plgpu.Layout.WGMMA_8BIT))
+  def regroup(_, p):
+    regs = p.registers                                  # [.., 8-key tile (dim 1), .., 8-row half]
+    out = np.empty(mgpu_fa.WGMMA_LAYOUT_8BIT.registers_shape(shape), dtype=object)
+    for idx in np.ndindex(out.shape):
+      pair = [regs[(idx[0], 2 * idx[1] + i, *idx[2:])] for i in range(2)]
+      out[idx] = mgpu_utils.vector_concat(pair)
+    return mgpu_fa.FragmentedArray(_registers=out, _layout=mgpu_fa.WGMMA_LAYOUT_8BIT,
+                                   _is_signed=None)
+  return regroup(p8)
+
+
+def fp8_key_order(num_keys: int) -> np.ndarray:
+  """The key order of ``p_as_8bit_operand``: position 4q + j of each 16-key group holds key
+  (2q, 2q + 1, 8 + 2q, 9 + 2q)[j] of the group. ``v[..., order]`` permutes V's keys to it."""
+  if num_keys % 16:
+    raise ValueError(f"num_keys must be a multiple of 16, got {num_keys}")
+  group = np.array([[2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q] for q in range(4)]).reshape(16)
+  return (np.arange(0, num_keys, 16)[:, None] + group[None, :]).reshape(-1)

@@ -26,6 +26,7 @@ from pallas_attn.mosaic import autotune, backward, backward_split, kernels
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
+from pallas_attn.mosaic.operands import fp8_key_order
 from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
@@ -410,7 +411,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       has_segments=q_seg is not None, groups=n // kh, block_q=cfg.block_q,
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
       v_stages=0 if cfg.v_stages == cfg.num_stages else cfg.v_stages,
-      registers_pv=not interpret and not fp8, fp8=fp8,
+      registers_pv=not interpret and (not fp8 or cfg.fp8_p_registers), fp8=fp8,
       overlap=cfg.overlap and not interpret and cfg.consumers == 2,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,
@@ -472,6 +473,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
 
   v_padded = jnp.pad(v, ((0, 0), (0, 0), (0, hp - h), (0, tk - s))) if fp8 else pad(v, tk)
+  if fp8 and st.registers_pv:
+    v_padded = v_padded[..., fp8_key_order(tk)]     # P's register order (Config.fp8_p_registers)
   inputs = [pad(q, tq), pad(k, tk), v_padded]
   if has_meta:
     kv_len = (jnp.full((b,), s, jnp.int32) if kv_lengths is None

@@ -7,6 +7,8 @@ normal inputs; 2.9-3.0% measured for H = 128, seeds 0-2). The kernel also rounds
 another ~2% against the same attention computed in float32 from the same codes. The bounds
 below leave ~2x margin.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 import harness as H
 from pallas_attn import fp8, reference
 from pallas_attn.mosaic import fp8 as mosaic_fp8
-from pallas_attn.mosaic import kernels, ops
+from pallas_attn.mosaic import default_config, kernels, operands, ops
 
 
 def _rel(a, b) -> float:
@@ -157,7 +159,7 @@ def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw, monkeypatch):
   e4m3 rounding of P) and against bf16; lse (float32 row sums) agrees to rounding. The
   unmasked H = 128 call runs the persistent launch (``default_config``): the q scales are
   loaded per tile there, and O has its own 16-bit buffer."""
-  b, t, s, n, kh = 2, 130, 150, 4, 2
+  b, t, s, n, kh = 2, 130, 150, 2, 1
   q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=8)
   launched = []
   body = kernels.fwd_kernel
@@ -180,21 +182,47 @@ def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw, monkeypatch):
   np.testing.assert_array_equal(np.asarray(out, np.float32).transpose(0, 2, 1, 3)[empty], 0.0)
 
 
-@pytest.mark.parametrize("h,causal", [(64, True), (128, False), (256, True)])
-def test_mosaic_fp8_lowers_for_sm90(h, causal, monkeypatch):
-  """The compiled form (e4m3 wgmmas with K-major operands, V^T's ring, P through SMEM) lowers
-  for sm90 on the CPU host; Mosaic GPU rejects a transposed FP8 operand at this stage."""
+def test_key_order_makes_the_register_regrouping_compute_p_v():
+  """``Config.fp8_p_registers``'s index maths, simulated per thread from the two layouts' lane
+  maps (jax.experimental.mosaic.gpu.fragmented_array): in each 16-key group the accumulator
+  layout gives lane quad q keys (2q, 2q+1) and (8+2q, 9+2q), the 8-bit operand layout reads
+  positions 4q..4q+3 from one register; concatenating the two 2-key registers and permuting
+  V's keys by ``fp8_key_order`` must give P V."""
+  rng = np.random.default_rng(0)
+  keys, h = 48, 8
+  p, v = rng.standard_normal((4, keys)), rng.standard_normal((keys, h))
+  order = operands.fp8_key_order(keys)
+  assert sorted(order) == list(range(keys))
+  operand = np.empty_like(p)            # what the wgmma reads as A at k-position 4q + j
+  for g in range(keys // 16):
+    for q in range(4):
+      first, second = p[:, 16 * g + 2 * q: 16 * g + 2 * q + 2], p[:, 16 * g + 8 + 2 * q:
+                                                                   16 * g + 10 + 2 * q]
+      operand[:, 16 * g + 4 * q: 16 * g + 4 * q + 4] = np.concatenate([first, second], axis=1)
+  np.testing.assert_allclose(operand @ v[order], p @ v, rtol=1e-12)
+  with pytest.raises(ValueError, match="multiple of 16"):
+    operands.fp8_key_order(40)
+
+
+@pytest.mark.parametrize("h,causal,p_regs", [(64, True, False), (128, False, False),
+                                             (256, True, False), (128, True, True)])
+def test_mosaic_fp8_lowers_for_sm90(h, causal, p_regs, monkeypatch):
+  """The compiled form (e4m3 wgmmas with K-major operands, V^T's ring, P through SMEM, or with
+  ``fp8_p_registers`` P as a register operand) lowers for sm90 on the CPU host; Mosaic GPU
+  rejects a transposed FP8 operand at this stage."""
   monkeypatch.setattr(ops, "_on_hopper", lambda: True)
   b, t, n = 1, 512, 2
   codes = jax.ShapeDtypeStruct((b, t, n, h), jnp.float8_e4m3fn)
   rows = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
   chans = jax.ShapeDtypeStruct((b, n, h), jnp.float32)
+  config = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=causal),
+                               fp8_p_registers=p_regs)
 
   def fwd(q8, qs, k8, ks, v8, vs):
     return mosaic_fp8.attention(q8, qs, k8, ks, v8, vs, out_dtype=jnp.bfloat16, causal=causal,
                                 scale=h ** -0.5, window=None, softcap=None, q_segment_ids=None,
                                 kv_segment_ids=None, kv_lengths=None, return_lse=False,
-                                config=None, interpret=False)
+                                config=config, interpret=False)
   text = jax.jit(fwd).trace(codes, rows, codes, rows, codes, chans).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "flash_attention_fwd" in text
@@ -208,15 +236,23 @@ def test_mosaic_fp8_lowers_for_sm90(h, causal, monkeypatch):
            kv_lengths=(900, 555), seed=603),
     H.Case(t=1000, s=1100, h=256, n=4, kh=2, causal=True, seed=604),
 ], ids=lambda c: c.id)
-def test_mosaic_fp8_compiled(case):
+@pytest.mark.parametrize("p_regs", [False, True], ids=["p_smem", "p_registers"])
+def test_mosaic_fp8_compiled(case, p_regs):
   """Compiled on the GPU: the error budget above, against the float32 attention of the same
-  codes and against bf16."""
+  codes and against bf16; with ``fp8_p_registers`` also against P through SMEM (the same
+  products, summed in another order inside 16-key groups)."""
   x = H.make_inputs(case)
   kw = dict(causal=case.causal, window=case.window, softcap=case.softcap,
             q_segment_ids=x.q_segment_ids, kv_segment_ids=x.kv_segment_ids,
             kv_lengths=x.kv_lengths)
+  masked = case.causal or case.window is not None
+  config = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
+                               fp8_p_registers=p_regs)
   out, lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", return_lse=True,
-                                     **kw)
+                                     config=config, **kw)
+  if p_regs:
+    smem_out = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", **kw)
+    assert _rel(out, smem_out) < 2e-3
   xla_out, xla_lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="xla",
                                              return_lse=True, **kw)
   fin = np.isfinite(np.asarray(xla_lse))
