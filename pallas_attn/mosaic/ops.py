@@ -394,8 +394,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   fp8 = fp8_scales is not None
   out_dtype = q.dtype if out_dtype is None else out_dtype
   if fp8:
-    # P goes through SMEM (an e4m3 A operand in registers needs a layout Mosaic GPU does not
-    # convert to), and the forms written for 16-bit operands stay off.
+    # P goes through SMEM unless ``Config.fp8_p_registers`` (registers_pv below); the forms
+    # written for 16-bit operands (overlap, register Q, split rings) stay off.
     cfg = dataclasses.replace(cfg, overlap=False, v_stages=0, q_regs_cols=0)
   cta_q = cfg.consumers * cfg.block_q
   tq, tk = _round_up(t, cta_q), _round_up(s, cfg.block_kv)
@@ -472,10 +472,13 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   def pad(x, length):
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
 
-  v_padded = jnp.pad(v, ((0, 0), (0, 0), (0, hp - h), (0, tk - s))) if fp8 else pad(v, tk)
-  if fp8 and st.registers_pv:
-    v_padded = v_padded[..., fp8_key_order(tk)]     # P's register order (Config.fp8_p_registers)
-  inputs = [pad(q, tq), pad(k, tk), v_padded]
+  inputs = [pad(q, tq), pad(k, tk)]
+  if fp8:                                           # V^T [B, K, H, S]
+    vt = jnp.pad(v, ((0, 0), (0, 0), (0, hp - h), (0, tk - s)))
+    # Config.fp8_p_registers: V's keys in the order P's registers hold them.
+    inputs.append(vt[..., fp8_key_order(tk)] if st.registers_pv else vt)
+  else:
+    inputs.append(pad(v, tk))
   if has_meta:
     kv_len = (jnp.full((b,), s, jnp.int32) if kv_lengths is None
               else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
