@@ -233,8 +233,13 @@ def _forward_sweep(stage, params, xs, *, axis: str, stages: int, virtual: int):
     first = jnp.where(r == 0, xs[i], circ[i]) if v > 1 else xs[i]
     h = jnp.where(s == 0, first, recv)
     chunk = jax.tree.map(lambda a: a[r], params)
-    y = stage(chunk, h)
-    done = (s == p - 1) & (t - s >= 0) & (t - s < n_items) & (r == v - 1)
+    # Bubble ticks (no item here yet, or none left) skip the stage: computing it on the
+    # placeholder zeros and discarding the result with ``where`` would still send a zero
+    # cotangent through it, and 0 * NaN = NaN for layers that are singular at 0 (a norm
+    # without eps); it also costs a stage's FLOPs per bubble.
+    active = (t - s >= 0) & (t - s < n_items)
+    y = jax.lax.cond(active, stage, lambda _, h: jnp.zeros_like(h), chunk, h)
+    done = (s == p - 1) & active & (r == v - 1)
     out = out.at[i].set(jnp.where(done, y, out[i]))
     recv = jax.lax.ppermute(y, axis, ring)
     return (recv, circ, out), None

@@ -66,6 +66,29 @@ def test_pipeline_equals_sequential_layers(name, mesh_kw, config, n_layers, rema
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ref))
 
 
+@pytest.mark.parametrize("schedule,virtual", [("gpipe", 1), ("interleaved", 2)])
+def test_bubble_ticks_do_not_poison_gradients(schedule, virtual):
+  """A layer that is NaN at an all-zero input (a norm without eps) but finite on the data: the
+  bubble ticks must not run it on their placeholder zeros, or autodiff sends 0 * NaN into the
+  parameter gradients (found by a user-level audit, session 23)."""
+  mesh = parallel.make_mesh(stage=4, data=2)
+  ws = jax.random.normal(jax.random.key(0), (8, D, D)) * 0.5
+  x = jax.random.normal(jax.random.key(1), (8, D)) + 1.0
+  ct = jax.random.normal(jax.random.key(2), x.shape)
+
+  def norm_layer(w, h):
+    y = jnp.tanh(h @ w)
+    return y / jnp.sqrt(jnp.mean(y ** 2, -1, keepdims=True))
+  config = PipelineConfig(schedule=schedule, microbatches=4, virtual_stages=virtual)
+  piped = functools.partial(pipeline_apply, norm_layer, mesh=mesh, config=config)
+  seq = lambda ws, x: jax.lax.scan(lambda h, w: (norm_layer(w, h), None), x, ws)[0]
+  grads = jax.jit(jax.grad(weighted_sum(piped, ct), argnums=(0, 1)),
+                  compiler_options=FAST_COMPILE)(ws, x)
+  ref = jax.grad(weighted_sum(seq, ct), argnums=(0, 1))(ws, x)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+  assert_trees_close(grads, ref, what="grads", scale_atol=True)
+
+
 def test_1f1b_peak_activation_memory_below_gpipe():
   mesh = parallel.make_mesh(stage=4, data=2)
   params = make_params(8)
