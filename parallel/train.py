@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+import flax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -168,7 +169,16 @@ class TrainStep:
     return model
 
   def _sum_and_count(self, params, batch):
-    out = self.loss_fn(self._model(params), batch)
+    try:
+      out = self.loss_fn(self._model(params), batch)
+    except flax.errors.TraceContextError as e:
+      # The step carries only nnx.Param state; a loss that updates other state (the RNG
+      # counters of nnx.Dropout(rngs=...), nnx.BatchNorm's statistics) cannot write it back.
+      raise NotImplementedError(
+          "make_train_step carries only the model's nnx.Param state, but the loss updated "
+          "other state (RNG streams such as nnx.Dropout(rngs=...), or BatchNorm statistics). "
+          "Run the model deterministically in the step (dropout off, BatchNorm "
+          "use_running_average=True), or keep that state outside the model.") from e
     if isinstance(out, tuple):
       total, count = out
       return total.astype(jnp.float32), jnp.asarray(count, jnp.float32)

@@ -133,3 +133,24 @@ def test_remat_policies_give_same_gradients():
   ref = reference(False, 2)
   out, _ = train(tiny_config(), mesh, R.DP, tokens=make_tokens(), remat="full")
   assert_trees_close(out["grads"], ref["grads"], what="grads with remat")
+
+
+def test_state_beyond_params_raises_a_clear_error():
+  """A loss that advances an RNG stream (nnx.Dropout with its own rngs) needs state the step
+  does not carry: NotImplementedError saying so, not flax's trace-level error (audit, session
+  23)."""
+  class Dropped(nnx.Module):
+    def __init__(self, rngs):
+      self.lin = nnx.Linear(8, 8, rngs=rngs)
+      self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+      return self.drop(self.lin(x))
+
+  model = Dropped(nnx.Rngs(0))
+  loss = lambda m, batch: jax.numpy.mean(m(batch) ** 2)
+  mesh = parallel.make_mesh(devices=jax.devices()[:1])
+  step = parallel.make_train_step(model, optax.sgd(0.1), loss, mesh=mesh, rules=R.DP)
+  state = step.init(model)
+  with pytest.raises(NotImplementedError, match="nnx.Param state"):
+    step(state, jax.numpy.ones((4, 8)))
