@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,20 @@ def restore(directory: str | os.PathLike, *, target: Any) -> Any:
                      f"unexpected {extra}")
   abstract = {}
   for key, leaf in flat_target.items():
+    if isinstance(leaf, (bool, int, float)):         # a Python scalar saved as one (a step, a lr)
+      abstract[key] = leaf
+      continue
     sharding = getattr(leaf, "sharding", None)
     abstract[key] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
     meta = stored_tree[key] if stored_keys is not None else None
     if meta is not None and hasattr(meta, "shape") and tuple(meta.shape) != tuple(leaf.shape):
       raise ValueError(f"checkpoint array {key} has shape {tuple(meta.shape)}, the target "
                        f"{tuple(leaf.shape)}")
+    stored_dtype = getattr(meta, "dtype", None)
+    if stored_dtype is not None and jnp.dtype(stored_dtype) != jnp.dtype(leaf.dtype):
+      # Orbax would cast silently (float32 -> bfloat16 loses precision): the docstring
+      # promises the same dtypes.
+      raise ValueError(f"checkpoint array {key} has dtype {jnp.dtype(stored_dtype)}, the "
+                       f"target {jnp.dtype(leaf.dtype)}")
   flat = ckptr.restore(directory, abstract)
   return jax.tree_util.tree_unflatten(treedef, [flat[k] for k in flat_target])

@@ -231,8 +231,17 @@ def check_quantized(qw: Any) -> None:
     raise ValueError(f"qweight shape {qw.qweight.shape} does not match shape {qw.shape}")
   if qw.scales.shape != (k // qw.group_size, n):
     raise ValueError(f"scales shape {qw.scales.shape} does not match groups {(k // qw.group_size, n)}")
+  if not jnp.issubdtype(qw.scales.dtype, jnp.floating):
+    raise TypeError(f"scales must be floating point, got {qw.scales.dtype}")
   if qw.zeros is not None and qw.zeros.dtype != jnp.int32:
     raise TypeError(f"zeros must be int32, got {qw.zeros.dtype}")
+  if qw.zeros is not None and qw.zeros.shape != qw.scales.shape:
+    raise ValueError(f"zeros shape {qw.zeros.shape} does not match scales {qw.scales.shape}")
+  if qw.perm is not None:
+    if not jnp.issubdtype(qw.perm.dtype, jnp.integer):
+      raise TypeError(f"perm must be an integer array, got {qw.perm.dtype}")
+    if qw.perm.shape != (k,):
+      raise ValueError(f"perm must have shape {(k,)}, got {qw.perm.shape}")
 
 
 def dequantize(qw: QuantizedWeight, *, dtype: Any = None) -> Float[Array, "K N"]:

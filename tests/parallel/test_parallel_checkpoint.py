@@ -72,3 +72,16 @@ def test_bad_checkpoint_use(saved, tmp_path):
   big = parallel.make_train_step(other, optax.adamw(1e-2), loss_fn, mesh=step3.mesh, rules=R.FSDP)
   with pytest.raises(ValueError, match="does not match the target"):
     checkpoint.restore(path, target=big.abstract_state(other))
+
+
+def test_restore_checks_dtypes_and_keeps_python_scalars(tmp_path):
+  """A target of another dtype raises (orbax would cast float32 -> bfloat16 silently), and
+  Python scalars saved beside the arrays come back as such (audit, session 23)."""
+  x = jax.numpy.arange(8.0)
+  checkpoint.save(tmp_path / "c", {"x": x, "lr": 0.5, "n": 3})
+  back = checkpoint.restore(tmp_path / "c", target={"x": x, "lr": 0.0, "n": 0})
+  assert back["lr"] == 0.5 and back["n"] == 3
+  np.testing.assert_array_equal(np.asarray(back["x"]), np.asarray(x))
+  with pytest.raises(ValueError, match="dtype float32, the target bfloat16"):
+    checkpoint.restore(tmp_path / "c", target={"x": x.astype(jax.numpy.bfloat16), "lr": 0.0,
+                                               "n": 0})

@@ -182,3 +182,18 @@ def test_pytree_and_jit():
   np.testing.assert_array_equal(np.asarray(a), np.asarray(quant.dequantize(qw)))
   g = np.asarray(qw.g_idx)
   assert sorted(np.bincount(g).tolist()) == [16] * 4
+
+
+def test_check_quantized_rejects_inconsistent_metadata():
+  """zeros of another shape than scales would broadcast silently in dequantize; a perm of the
+  wrong length or dtype and integer scales fail deep inside otherwise (audit, session 23)."""
+  import dataclasses
+  qw = quant.rtn(jax.random.normal(jax.random.key(0), (64, 16)), bits=4, group_size=32)
+  formats.check_quantized(qw)
+  for bad, err, match in [
+      (dict(zeros=qw.zeros[:1]), ValueError, "zeros shape"),
+      (dict(perm=jnp.arange(32)), ValueError, "perm must have shape"),
+      (dict(perm=jnp.arange(64.0)), TypeError, "perm must be an integer"),
+      (dict(scales=qw.scales.astype(jnp.int32)), TypeError, "scales must be floating")]:
+    with pytest.raises(err, match=match):
+      formats.check_quantized(dataclasses.replace(qw, **bad))
