@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from pallas_attn import reference
@@ -96,13 +98,16 @@ def check_inputs(q, k, v, *, scale, window, softcap, q_segment_ids, kv_segment_i
     raise ValueError(f"q heads N={n} must be a multiple of k/v heads K={k.shape[2]}")
   if t == 0 or k.shape[1] == 0 or h == 0 or b == 0:
     raise ValueError(f"empty dimension in q {q.shape} / k {k.shape}")
-  if scale is not None and not isinstance(scale, (int, float)):
-    raise ValueError(f"scale must be a Python float, got {type(scale)}")
-  if softcap is not None and (not isinstance(softcap, (int, float)) or softcap <= 0):
-    raise ValueError(f"softcap must be a positive float, got {softcap!r}")
+  real = lambda x: isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
+      x, (bool, np.bool_))
+  if scale is not None and not (real(scale) and math.isfinite(scale)):
+    raise ValueError(f"scale must be a Python float (finite), got {scale!r}")
+  if softcap is not None and not (real(softcap) and math.isfinite(softcap) and softcap > 0):
+    raise ValueError(f"softcap must be a positive finite float, got {softcap!r}")
   if window is not None:
+    whole = lambda w: isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_))
     if (not isinstance(window, (tuple, list)) or len(window) != 2 or
-        any(w is not None and (not isinstance(w, int) or w < 0) for w in window)):
+        any(w is not None and (not whole(w) or w < 0) for w in window)):
       raise ValueError(f"window must be (left, right) with ints >= 0 or None, got {window!r}")
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
@@ -168,7 +173,8 @@ def flash_attention(
                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                kv_lengths=kv_lengths, implementation=implementation)
   kwargs = dict(causal=bool(causal), scale=None if scale is None else float(scale),
-                window=None if window is None else tuple(window),
+                window=None if window is None else tuple(
+                    None if w is None else int(w) for w in window),
                 softcap=None if softcap is None else float(softcap),
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 kv_lengths=kv_lengths, return_lse=return_lse, config=config)
@@ -180,6 +186,9 @@ def flash_attention(
   for name in default_order():
     try:
       run_interpret = (not _on_gpu()) if interpret is None else interpret
+      if name == "xla" and config is not None:
+        # The last resort serves every valid call: a Pallas backend's Config does not apply.
+        kwargs = dict(kwargs, config=None)
       return _backend(name)(q, k, v, interpret=run_interpret, **kwargs)
     except NotImplementedError as e:
       log.debug("flash_attention: backend %s declined: %s", name, e)

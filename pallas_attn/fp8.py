@@ -224,7 +224,8 @@ def flash_attention_fp8(
                                scale_block=scale_block, kv_lengths=kv_lengths)
   kwargs = dict(out_dtype=q.dtype, causal=bool(causal),
                 scale=h ** -0.5 if scale is None else float(scale),
-                window=None if window is None else tuple(window),
+                window=None if window is None else tuple(
+                    None if w is None else int(w) for w in window),
                 softcap=None if softcap is None else float(softcap),
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 kv_lengths=kv_lengths, return_lse=return_lse, config=config)

@@ -63,6 +63,11 @@ BAD = [
     ("softcap_negative", (Q, KV, KV), dict(softcap=-1.0), r"softcap must be a positive"),
     ("softcap_zero", (Q, KV, KV), dict(softcap=0.0), r"softcap must be a positive"),
     ("scale_array", (Q, KV, KV), dict(scale=jnp.float32(0.1)), r"scale must be a Python float"),
+    ("scale_nan", (Q, KV, KV), dict(scale=float("nan")), r"scale must be a Python float"),
+    ("softcap_inf", (Q, KV, KV), dict(softcap=float("inf")), r"softcap must be a positive"),
+    ("softcap_nan", (Q, KV, KV), dict(softcap=float("nan")), r"softcap must be a positive"),
+    ("softcap_bool", (Q, KV, KV), dict(softcap=True), r"softcap must be a positive"),
+    ("window_bool", (Q, KV, KV), dict(window=(True, False)), r"window"),
     ("unknown_implementation", (Q, KV, KV), dict(implementation="cuda"), r"implementation"),
 ]
 
@@ -97,6 +102,21 @@ def test_dispatch_none_serves_valid_calls(case):
   res = H.runner(case, implementation=None)(x)
   H.assert_dtypes(case, res)
   H.assert_ratio_rule(res, hi, lo, case.dtype, what=f"implementation=None {case.id}")
+
+
+def test_numpy_scalars_are_accepted_and_a_config_does_not_stop_dispatch():
+  """NumPy scalars are as good as Python ones for scale / softcap / window; with
+  implementation=None a Pallas Config does not make the last resort ("xla") decline, so the
+  call is still served (audit, session 23)."""
+  from pallas_attn.triton import Config as TritonConfig
+  x = jax.random.normal(jax.random.key(0), (1, 16, 2, 32), jnp.float32)
+  want = flash_attention(x, x, x, scale=0.5, softcap=20.0, window=(3, 0), implementation="xla")
+  got = flash_attention(x, x, x, scale=np.float32(0.5), softcap=np.float64(20.0),
+                        window=(np.int64(3), 0), implementation="xla")
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  if not jax.default_backend() == "gpu":
+    served = flash_attention(x, x, x, config=TritonConfig())
+    np.testing.assert_allclose(np.asarray(served), np.asarray(flash_attention(x, x, x)))
 
 
 def test_dispatch_order():
