@@ -333,6 +333,9 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int = 4, sym: bool =
     g_idx = np.asarray(g_idx)
     if g_idx.shape != (k,):
       raise ValueError(f"g_idx must have shape {(k,)}, got {g_idx.shape}")
+    if g_idx.size and (g_idx.min() < 0 or g_idx.max() >= g):
+      raise ValueError(f"g_idx must hold group ids in [0, {g}), got [{g_idx.min()}, "
+                       f"{g_idx.max()}]")
     if not np.array_equal(g_idx, np.arange(k) // gs):
       order = np.argsort(g_idx, kind="stable")
       if not np.array_equal(g_idx[order], np.arange(k) // gs):

@@ -94,4 +94,6 @@ def _check_weight(w) -> jax.Array:
     raise ValueError(f"w must be 2-D [K_in, N_out], got shape {w.shape}")
   if not jnp.issubdtype(w.dtype, jnp.floating):
     raise TypeError(f"w must be floating point, got {w.dtype}")
+  if not isinstance(w, jax.core.Tracer) and not bool(jnp.isfinite(w).all()):
+    raise ValueError("w contains NaN or inf")          # as gptq: a NaN would quantise silently
   return w

@@ -197,3 +197,15 @@ def test_check_quantized_rejects_inconsistent_metadata():
       (dict(scales=qw.scales.astype(jnp.int32)), TypeError, "scales must be floating")]:
     with pytest.raises(err, match=match):
       formats.check_quantized(dataclasses.replace(qw, **bad))
+
+
+def test_rtn_rejects_non_finite_weights_and_gptq_checks_g_idx_range():
+  w = jax.random.normal(jax.random.key(0), (64, 16))
+  with pytest.raises(ValueError, match="NaN or inf"):
+    quant.rtn(w.at[3, 4].set(jnp.nan), bits=4, group_size=32)
+  qw = quant.rtn(w, bits=4, group_size=32)
+  ckpt = formats.to_gptq(qw)
+  g_idx = np.arange(64) // 32
+  g_idx[5] = 5                                      # only groups 0 and 1 exist
+  with pytest.raises(ValueError, match="g_idx must hold group ids"):
+    formats.from_gptq(ckpt["qweight"], ckpt["qzeros"], ckpt["scales"], g_idx, bits=4)
