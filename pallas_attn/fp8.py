@@ -205,7 +205,9 @@ def flash_attention_fp8(
   float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU, else "xla".
 
   Returns ``out [B, T, N, H]`` in q's dtype (and ``lse [B, N, T]`` float32). Forward only:
-  differentiating through it raises NotImplementedError.
+  differentiating through it raises NotImplementedError. The Mosaic kernel is tested in
+  interpret mode and lowers for sm90; its first compiled run is still to come
+  (``benchmarks/run_s23_fp8.sh``; benchmarks/NOTES.md, session 23).
 
   Example:
     >>> out = flash_attention_fp8(q, k, v, causal=True)     # q, k, v bf16, as flash_attention
