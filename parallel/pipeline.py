@@ -231,14 +231,15 @@ def _forward_sweep(stage, params, xs, *, axis: str, stages: int, virtual: int):
     k = jnp.clip(t - s, 0, n_items - 1)
     r, i = k // m, k % m
     first = jnp.where(r == 0, xs[i], circ[i]) if v > 1 else xs[i]
-    h = jnp.where(s == 0, first, recv)
-    chunk = jax.tree.map(lambda a: a[r], params)
-    # Bubble ticks (no item here yet, or none left) skip the stage: computing it on the
-    # placeholder zeros and discarding the result with ``where`` would still send a zero
-    # cotangent through it, and 0 * NaN = NaN for layers that are singular at 0 (a norm
-    # without eps); it also costs a stage's FLOPs per bubble.
+    # Bubble ticks (no item here yet, or none left) run the stage on a real micro-batch, not
+    # on the placeholder zeros: their result is discarded with ``where``, but autodiff still
+    # sends a zero cotangent through the stage, and 0 * NaN = NaN for a layer singular at 0
+    # (a norm without eps). (Skipping the stage with ``lax.cond`` would put a conditional,
+    # a predicate copy to the host on GPU, in every tick; the bubble's time is spent anyway.)
     active = (t - s >= 0) & (t - s < n_items)
-    y = jax.lax.cond(active, stage, lambda _, h: jnp.zeros_like(h), chunk, h)
+    h = jnp.where(active, jnp.where(s == 0, first, recv), xs[i])
+    chunk = jax.tree.map(lambda a: a[r], params)
+    y = stage(chunk, h)
     done = (s == p - 1) & active & (r == v - 1)
     out = out.at[i].set(jnp.where(done, y, out[i]))
     recv = jax.lax.ppermute(y, axis, ring)
