@@ -6,6 +6,8 @@ Implementations, each jit-compiled on bf16 random-normal q, k, v [B, T, N, H]:
 * ``fp8-kernel``: ``pallas_attn.mosaic.fp8.attention`` on inputs quantised beforehand (per-token
   Q / K scales after the Hadamard rotation, per-channel V): the kernel and V's output scaling;
 * ``fp8-kernel-preg``: the same with ``Config.fp8_p_registers`` (P as a register operand);
+* ``fp8-kernel+field=value+...``: ``fp8-kernel`` with those Config fields changed (a sweep, e.g.
+  ``fp8-kernel+fp8_p_registers=True+exp2_poly_cols=32``);
 * ``fp8``: ``pallas_attn.flash_attention_fp8`` end to end (the quantisation pass included);
 * ``bf16``: ``pallas_attn.flash_attention(implementation="mosaic")``;
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` in bf16;
@@ -20,6 +22,8 @@ causal). Outputs ``DIR/attention_fp8.json`` (rewritten after every measurement) 
 
   python3 benchmarks/attention_fp8.py --out /tmp/fp8                   # on the GPU
   python3 benchmarks/attention_fp8.py --out /tmp/fp8 --quick --impls fp8  # tiny rows, any host
+  python3 benchmarks/attention_fp8.py --out /tmp/fp8 --rows 4x4096x16x128 \
+      --impls fp8-kernel,fp8-kernel+num_stages=3                       # a Config sweep
 """
 from __future__ import annotations
 
@@ -87,12 +91,15 @@ def build(impl: str, causal: bool, h: int, q, k, v):
   if impl == "fp8":
     return jax.jit(lambda q, k, v: fp8.flash_attention_fp8(
         q, k, v, causal=causal, implementation="mosaic")), (q, k, v), as_f32
-  if impl in ("fp8-kernel", "fp8-kernel-preg"):
+  if impl in ("fp8-kernel", "fp8-kernel-preg") or impl.startswith("fp8-kernel+"):
+    from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
     qf, kf, vf = jax.jit(fp8.quantize_inputs)(q, k, v)
+    fields = parse_fields(impl.partition("+")[2].replace("+", ","))
+    fields.setdefault("fp8_p_registers", impl.endswith("preg"))
     config = dataclasses.replace(default_config(head_dim=h, seq_k=q.shape[1], masked=causal),
-                                 fp8_p_registers=impl.endswith("preg"))
+                                 **fields)
     fn = functools.partial(mosaic_fp8.attention, out_dtype=q.dtype, causal=causal, scale=scale,
                            window=None, softcap=None, q_segment_ids=None, kv_segment_ids=None,
                            kv_lengths=None, return_lse=False, config=config,
@@ -137,7 +144,7 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   keys = sorted({(tuple(r["row"]), r["causal"]) for r in results})
-  impls = [i for i in IMPLS if any(r["impl"] == i and r.get("tflops") for r in results)]
+  impls = list(dict.fromkeys(r["impl"] for r in results if r.get("tflops")))
   fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys)), 4))
   width = 0.8 / max(1, len(impls))
   for i, impl in enumerate(impls):
@@ -160,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--impls", default=",".join(IMPLS))
   p.add_argument("--quick", action="store_true")
   p.add_argument("--causal", default="0,1")
+  p.add_argument("--rows", default="", help="BxTxNxH rows, comma-separated (default: the grid)")
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--budget-s", type=float, default=480.0)
   args = p.parse_args(argv)
@@ -167,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   impls = args.impls.split(",")
   results: list[dict[str, Any]] = []
   path = os.path.join(args.out, "attention_fp8.json")
-  for row in (QUICK_ROWS if args.quick else ROWS):
+  rows = (tuple(tuple(int(d) for d in r.split("x")) for r in args.rows.split(","))
+          if args.rows else QUICK_ROWS if args.quick else ROWS)
+  for row in rows:
     for causal in (bool(int(c)) for c in args.causal.split(",")):
       if time.time() - start > args.budget_s:
         break

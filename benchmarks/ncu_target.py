@@ -10,7 +10,8 @@ issue slots, memory throughput); run it under ``ncu`` with a kernel-name filter,
   ncu ... --kernel-name regex:flash_attention_dkdv ... python3 benchmarks/ncu_target.py attention
 
 Targets: ``w4a16`` (the Mosaic W4A16 kernel with its default config, g128 asymmetric, on a
-prepared weight) and ``attention`` (our Mosaic forward + backward, bf16, one ``jax.vjp``).
+prepared weight), ``attention`` (our Mosaic forward + backward, bf16, one ``jax.vjp``) and
+``attention_fp8`` (the FP8 forward kernel on inputs quantised beforehand).
 """
 from __future__ import annotations
 
@@ -65,9 +66,28 @@ def _attention(args) -> None:
     jax.block_until_ready(f(q, k, v, do))
 
 
+def _attention_fp8(args) -> None:
+  """The FP8 forward (``pallas_attn.mosaic.fp8.attention``) on inputs quantised beforehand."""
+  from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
+  from pallas_attn import fp8  # pylint: disable=import-outside-toplevel
+  from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
+  from pallas_attn.mosaic.config import default_config  # pylint: disable=import-outside-toplevel
+  b, t, h, d = args.b, args.t, args.heads, args.head_dim
+  q, k, v = (jax.random.normal(jax.random.key(i), (b, t, h, d), jnp.bfloat16) for i in range(3))
+  qf, kf, vf = jax.jit(fp8.quantize_inputs)(q, k, v)
+  cfg = dataclasses.replace(default_config(head_dim=d, seq_k=t, masked=args.causal),
+                            **parse_fields(args.fields))
+  f = jax.jit(lambda *a: mosaic_fp8.attention(
+      *a, out_dtype=jnp.bfloat16, causal=args.causal, scale=d ** -0.5, window=None,
+      softcap=None, q_segment_ids=None, kv_segment_ids=None, kv_lengths=None,
+      return_lse=False, config=cfg, interpret=False))
+  for _ in range(args.calls):
+    jax.block_until_ready(f(qf.codes, qf.scale, kf.codes, kf.scale, vf.codes, vf.scale))
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("target", choices=("w4a16", "attention"))
+  ap.add_argument("target", choices=("w4a16", "attention", "attention_fp8"))
   ap.add_argument("--calls", type=int, default=3)
   ap.add_argument("--m", type=int, default=1)
   ap.add_argument("--k", type=int, default=8192)
@@ -80,7 +100,7 @@ def main() -> int:
   ap.add_argument("--late-zero", action="store_true", help="w4a16: MosaicConfig.late_zero")
   ap.add_argument("--fields", default="", help="attention: Config fields, e.g. bwd_pt_smem=True")
   args = ap.parse_args()
-  (_w4a16 if args.target == "w4a16" else _attention)(args)
+  {"w4a16": _w4a16, "attention": _attention, "attention_fp8": _attention_fp8}[args.target](args)
   return 0
 
 

@@ -2,7 +2,8 @@
 # Nsight Compute profiles (stall reasons, issue slots, memory, per-SASS-line samples) of the W4A16
 # decode kernel and the attention backward kernels on the GPU machine:
 #   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_m64 w4_late_m1 w4_late_m16 attn_dkdv attn_dq
-#                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240 attn_fwd_h64 attn_fwd_h256]
+#                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240 attn_fwd_h64 attn_fwd_h256
+#                               attn_fwd_h128 attn_fp8 attn_fp8_preg]
 OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD
@@ -20,6 +21,10 @@ for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
     attn_dq) prof attn_dq flash_attention_dq attention ;;
     attn_fwd_h64) prof attn_fwd_h64 flash_attention_fwd attention --heads 32 --head-dim 64 ;;
     attn_fwd_h256) prof attn_fwd_h256 flash_attention_fwd attention --heads 8 --head-dim 256 ;;
+    attn_fwd_h128) prof attn_fwd_h128 flash_attention_fwd attention ;;
+    attn_fp8) prof attn_fp8 flash_attention_fwd attention_fp8 ;;
+    attn_fp8_preg) prof attn_fp8_preg flash_attention_fwd attention_fp8 \
+        --fields fp8_p_registers=True ;;
     attn_dkdv_pt) prof attn_dkdv_pt flash_attention_dkdv attention --fields bwd_pt_smem=True ;;
     attn_dkdv_240) prof attn_dkdv_240 flash_attention_dkdv attention --fields bwd_registers=240 ;;
     attn_dkdv_pt240) prof attn_dkdv_pt240 flash_attention_dkdv attention \
