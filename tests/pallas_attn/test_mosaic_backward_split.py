@@ -36,7 +36,9 @@ def test_split_backward_matches_reference_in_interpret_mode(kw, h, monkeypatch):
                       spy("split", backward_split.dkdv_split_kernel))
   monkeypatch.setattr(backward, "dq_kernel", spy("dq", backward.dq_kernel))
   cfg = Config(block_kv=64, backward="mosaic", bwd_split_dkdv=True)
-  got, want = H.grads_against_reference(cfg, kw, b=2, t=150, s=200, n=4, kh=2, h=h, seed=11)
+  # One batch row unless kv_lengths cuts the second (the interpreter's time grows with b).
+  b = 2 if kw.get("kv_lengths") else 1
+  got, want = H.grads_against_reference(cfg, kw, b=b, t=150, s=200, n=4, kh=2, h=h, seed=11)
   assert set(seen) == {"split", "dq"}
   assert seen["dq"].num_stages == 1 and seen["split"].block_kv == 64
   for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):

@@ -53,7 +53,8 @@ def test_split_rings_match_reference_in_interpret_mode(kw, monkeypatch):
   monkeypatch.setattr(backward, "dq_kernel",
                       lambda *a, **k: seen.append(k["st"]) or real_kernel(*a, **k))
   cfg = Config(block_kv=64, backward="mosaic")
-  got, want = H.grads_against_reference(cfg, kw, b=2, t=150, s=330, n=4, kh=2, h=64, seed=5,
+  b = 2 if kw.get("kv_lengths") else 1  # the interpreter's time grows with b
+  got, want = H.grads_against_reference(cfg, kw, b=b, t=150, s=330, n=4, kh=2, h=64, seed=5,
                                          segments=2, kv_len=201)
   assert seen and all((st.num_stages, st.v_ring) == (2, 1) for st in seen)
   for name, x, r in zip(("out", "dq", "dk", "dv"), got, want):

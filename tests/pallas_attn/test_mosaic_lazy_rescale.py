@@ -91,7 +91,7 @@ def test_lazy_forward_matches_reference_in_interpret_mode(h, ramp, kw):
   that amplifies any kernel's rounding (the plain kernel misses it by the same amount)."""
   # S = 320: five whole 64-key blocks, so that with ramp 0.4 every block grows every row's max
   # past tau (a ragged last block of 10 keys would grow it by only ~6 log2 units).
-  b, t, s, n, kh = 2, 150, 320, 4, 2
+  b, t, s, n, kh = (2 if kw.get("kv_lengths") else 1), 150, 320, 4, 2
   keys = jax.random.split(jax.random.key(3), 4)
   q = jax.random.normal(keys[0], (b, t, n, h), jnp.float32)
   k = jax.random.normal(keys[1], (b, s, kh, h), jnp.float32)
