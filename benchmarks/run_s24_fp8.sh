@@ -9,7 +9,7 @@ mkdir -p "$OUT/sweep"
 K=fp8-kernel
 P="+fp8_p_registers=True"
 timeout -k 5 200 python3 benchmarks/attention_fp8.py --out "$OUT/sweep" --budget-s 170 \
-    --rows 4x4096x16x128 --causal 0,1 --impls "bf16,cudnn-fp8,$K,$K-preg,$K+exp2_poly_cols=32,\
+    --rows 4x4096x16x128 --causal 0,1 --impls "bf16,cudnn-fp8,fp8,$K,$K-preg,$K+exp2_poly_cols=32,\
 $K$P+exp2_poly_cols=32,$K+num_stages=3,$K+consumers=3,$K$P+consumers=3,$K$P+sum_in_pv=True,\
 $K$P+lazy_rescale=8.0,$K+persistent=True" 2>&1 | grep "ms\|rror" | tail -26
 mkdir -p "$OUT/sweep256"

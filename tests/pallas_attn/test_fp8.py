@@ -44,6 +44,17 @@ def test_hadamard_is_an_orthonormal_involution(d):
   np.testing.assert_allclose(jnp.abs(fp8.hadamard(onehot)), 10.0 / np.sqrt(d), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_hadamard_of_16_bit_inputs_is_the_float32_rotation(dtype):
+  """16-bit inputs take one matmul pass against the +-1 matrix (exact products, float32 sums):
+  the result must be the float32 rotation of the same values, not a 16-bit rounding of it."""
+  x = jax.random.normal(jax.random.key(2), (4, 7, 128)).astype(dtype)
+  got = fp8.hadamard(x)
+  want = fp8.hadamard(x.astype(jnp.float32))
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("d", [0, 3, 96])
 def test_hadamard_rejects_other_sizes(d):
   with pytest.raises(ValueError, match="power-of-two"):
