@@ -236,7 +236,7 @@ class Config:
       registers as P V's e4m3 A operand instead of going through shared memory. The 8-bit
       operand layout gives a thread 4 consecutive keys of a 16-key group where the f32
       accumulator gives it keys {2q, 2q+1, 8+2q, 9+2q}, so V's keys are permuted within each
-      group to match (at quantisation, ``ops.fp8_key_order``) and P's registers are regrouped
+      group to match (``operands.to_fp8_key_order``, before the kernel) and P's registers are regrouped
       without moving data (``operands.p_as_8bit_operand``). Not yet timed: off.
   """
   block_q: int = 64

@@ -2,6 +2,8 @@
 ``fp8_p_registers``)."""
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa
@@ -63,3 +65,14 @@ def fp8_key_order(num_keys: int) -> np.ndarray:
     raise ValueError(f"num_keys must be a multiple of 16, got {num_keys}")
   group = np.array([[2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q] for q in range(4)]).reshape(16)
   return (np.arange(0, num_keys, 16)[:, None] + group[None, :]).reshape(-1)
+
+
+def to_fp8_key_order(x: jax.Array) -> jax.Array:
+  """``x[..., fp8_key_order(S)]`` as a reshape and a transpose (XLA fuses it into one copy; the
+  gather it replaces cost ~0.12 ms a call at 4x4096x16x128 on the H200). Key 8h + 2q + p of a
+  16-key group (h, p in {0, 1}, q in 0..3) goes to position 4q + 2h + p."""
+  *lead, s = x.shape
+  if s % 16:
+    raise ValueError(f"the last axis must be a multiple of 16, got {s}")
+  groups = x.reshape(*lead, s // 16, 2, 4, 2)                    # (group, h, q, p)
+  return jnp.swapaxes(groups, -3, -2).reshape(*lead, s)         # (group, q, h, p)

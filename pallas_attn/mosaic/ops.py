@@ -26,7 +26,7 @@ from pallas_attn.mosaic import autotune, backward, backward_split, kernels
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
-from pallas_attn.mosaic.operands import fp8_key_order
+from pallas_attn.mosaic.operands import to_fp8_key_order
 from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
@@ -476,7 +476,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   if fp8:                                           # V^T [B, K, H, S]
     vt = jnp.pad(v, ((0, 0), (0, 0), (0, hp - h), (0, tk - s)))
     # Config.fp8_p_registers: V's keys in the order P's registers hold them.
-    inputs.append(vt[..., fp8_key_order(tk)] if st.registers_pv else vt)
+    inputs.append(to_fp8_key_order(vt) if st.registers_pv else vt)
   else:
     inputs.append(pad(v, tk))
   if has_meta:

@@ -213,6 +213,11 @@ def test_key_order_makes_the_register_regrouping_compute_p_v():
   np.testing.assert_allclose(operand @ v[order], p @ v, rtol=1e-12)
   with pytest.raises(ValueError, match="multiple of 16"):
     operands.fp8_key_order(40)
+  # The kernel's input takes the same order by a reshape and transpose instead of a gather.
+  vt = jnp.asarray(rng.standard_normal((2, 3, keys)), jnp.float32)
+  np.testing.assert_array_equal(operands.to_fp8_key_order(vt), vt[..., order])
+  with pytest.raises(ValueError, match="multiple of 16"):
+    operands.to_fp8_key_order(jnp.zeros((2, 40)))
 
 
 @pytest.mark.parametrize("h,causal,p_regs", [(64, True, False), (128, False, False),
