@@ -462,7 +462,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         carry = overlap.overlapped_loop(
             carry, lo=lo, lo_full=lo_full, hi_full=hi_full, hi=hi, logits=logits,
             softmax=_softmax, schedule_barrier=schedule_barrier, q_smem=q_smem, k_smem=k_smem,
-            v_smem=v_smem, bars=(k_ready, v_ready, k_free, v_free), st=st, named=named)
+            v_smem=v_smem, bars=(k_ready, v_ready, k_free, v_free), st=st, named=named,
+            p_operand=p_as_8bit_operand if st.fp8 else lambda p: p)
       elif st.any_mask:
         carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
         carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)

@@ -394,9 +394,11 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   fp8 = fp8_scales is not None
   out_dtype = q.dtype if out_dtype is None else out_dtype
   if fp8:
-    # P goes through SMEM unless ``Config.fp8_p_registers`` (registers_pv below); the forms
-    # written for 16-bit operands (overlap, register Q, split rings) stay off.
-    cfg = dataclasses.replace(cfg, overlap=False, v_stages=0, q_regs_cols=0)
+    # P goes through SMEM unless ``Config.fp8_p_registers`` (registers_pv below); the
+    # intra-warpgroup overlap needs P in registers; the forms written for 16-bit operands
+    # (register Q, split rings) stay off.
+    cfg = dataclasses.replace(cfg, overlap=cfg.overlap and cfg.fp8_p_registers, v_stages=0,
+                              q_regs_cols=0)
   cta_q = cfg.consumers * cfg.block_q
   tq, tk = _round_up(t, cta_q), _round_up(s, cfg.block_kv)
   left, right = masks.canonical_window(causal=causal, window=window)

@@ -12,7 +12,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 
 def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedule_barrier,
-                    q_smem, k_smem, v_smem, bars, st, named=None):
+                    q_smem, k_smem, v_smem, bars, st, named=None, p_operand=lambda p: p):
   """The consumer's K/V loop with intra-warpgroup overlap (FA3 Section 3.2, Algorithm 2).
 
   The softmax of block j + 1 runs while the tensor cores still compute P_j V_j: each turn issues
@@ -26,7 +26,8 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
   is sync - issue - arrive, and the last one (P V alone) does not hand over, so each consumer
   syncs and arrives once per K/V block, and the caller's one-turn offset (consumer 1 syncs
   first, consumer 0 arrives last) balances the two barriers. Returns (O, m, l) like the plain
-  loop.
+  loop. ``p_operand``: P (the softmax's cast) as wgmma's A operand; FP8 regroups it into the
+  8-bit operand layout (``operands.p_as_8bit_operand``) and reads V's slot as V^T.
   """
   k_ready, v_ready, k_free, v_free = bars
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
@@ -40,7 +41,12 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
     lead_in = last_handover = False
   wgmma_tile = lambda x, dt: plgpu.layout_cast(jnp.zeros((bq, bkv), dt) + x, plgpu.Layout.WGMMA)
   # Loop state: O before block j's rescale, m_j, l_j, P_j (registers, wgmma's A operand), alpha_j.
-  state = (acc, m, l, wgmma_tile(0, dtype), l * 0.0)
+  state = (acc, m, l, p_operand(wgmma_tile(0, dtype)), l * 0.0)
+  # FP8 wgmma reads only K-major operands: V^T's slot [H, block_kv], seen as V.
+  v_operand = (lambda slot: v_smem.at[slot].transpose((1, 0))) if st.fp8 else v_smem.at
+  def softmax_op(*args):
+    p, *rest = softmax(*args)
+    return (p_operand(p), *rest)
   bcast = lambda row, like: lax.broadcast_in_dim(row, like.shape, [0])
 
   def first(state):                     # block lo: S_lo and its softmax, nothing to multiply yet
@@ -55,7 +61,7 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
       return acc_ref[...]
     s, c = logits(pl.run_scoped(qk, plgpu.ACC((bq, bkv), jnp.float32)), lo, 0, st.any_mask)
     plgpu.barrier_arrive(k_free.at[0])
-    p16, alpha, m, l = softmax(s, m, l, dtype, c)
+    p16, alpha, m, l = softmax_op(s, m, l, dtype, c)
     return acc, m, l, p16, alpha
 
   def step(jn, state, masked: bool):    # issue S_jn and P_{jn-1} V_{jn-1}; softmax of S_jn
@@ -68,13 +74,13 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
     def turn(refs):
       o_ref, s_ref, m_ref, l_ref, p_ref, a_ref = refs
       plgpu.wgmma(s_ref, q_smem, k_smem.at[slot_n].transpose((1, 0)))
-      plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
+      plgpu.wgmma(o_ref, p16, v_operand(slot_c))
       end()                             # the other consumer's turn
       plgpu.wgmma_wait(1)               # S_jn is done; P V may still run
       s, c = logits(plgpu.wgmma_accumulator_load(s_ref, wait_n=None), jn, slot_n, masked)
       plgpu.barrier_arrive(k_free.at[slot_n])
-      p_ref[...], a_ref[...], m_ref[...], l_ref[...] = softmax(s, m_ref[...], l_ref[...], dtype,
-                                                                c)
+      p_ref[...], a_ref[...], m_ref[...], l_ref[...] = softmax_op(s, m_ref[...], l_ref[...],
+                                                                   dtype, c)
 
     acc, _, m, l, p16, alpha = pl.run_state(turn)(
         (plgpu.ACC.init(acc * bcast(alpha, acc)), plgpu.ACC.init(wgmma_tile(0, jnp.float32)),
@@ -89,7 +95,7 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
     plgpu.barrier_wait(v_ready.at[slot_c])
 
     def pv(o_ref):
-      plgpu.wgmma(o_ref, p16, v_smem.at[slot_c])
+      plgpu.wgmma(o_ref, p16, v_operand(slot_c))
       if last_handover:
         end()
     acc = pl.run_state(pv)(plgpu.ACC.init(acc * bcast(alpha, acc)))

@@ -220,19 +220,25 @@ def test_key_order_makes_the_register_regrouping_compute_p_v():
     operands.to_fp8_key_order(jnp.zeros((2, 40)))
 
 
-@pytest.mark.parametrize("h,causal,p_regs", [(64, True, False), (128, False, False),
-                                             (256, True, False), (128, True, True)])
-def test_mosaic_fp8_lowers_for_sm90(h, causal, p_regs, monkeypatch):
+FORMS = {"p_smem": dict(fp8_p_registers=False, overlap=False),
+         "p_registers": dict(fp8_p_registers=True, overlap=False),
+         "overlap": dict(fp8_p_registers=True, overlap=True)}
+
+
+@pytest.mark.parametrize("h,causal,form", [(64, True, "p_smem"), (128, False, "p_smem"),
+                                           (256, True, "p_smem"), (128, True, "p_registers"),
+                                           (128, False, "overlap"), (64, True, "overlap")])
+def test_mosaic_fp8_lowers_for_sm90(h, causal, form, monkeypatch):
   """The compiled form (e4m3 wgmmas with K-major operands, V^T's ring, P through SMEM, or with
-  ``fp8_p_registers`` P as a register operand) lowers for sm90 on the CPU host; Mosaic GPU
-  rejects a transposed FP8 operand at this stage."""
+  ``fp8_p_registers`` P as a register operand, and with ``overlap`` the intra-warpgroup
+  overlapped loop) lowers for sm90 on the CPU host; Mosaic GPU rejects a transposed FP8
+  operand at this stage."""
   monkeypatch.setattr(ops, "_on_hopper", lambda: True)
   b, t, n = 1, 512, 2
   codes = jax.ShapeDtypeStruct((b, t, n, h), jnp.float8_e4m3fn)
   rows = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
   chans = jax.ShapeDtypeStruct((b, n, h), jnp.float32)
-  config = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=causal),
-                               fp8_p_registers=p_regs)
+  config = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=causal), **FORMS[form])
 
   def fwd(q8, qs, k8, ks, v8, vs):
     return mosaic_fp8.attention(q8, qs, k8, ks, v8, vs, out_dtype=jnp.bfloat16, causal=causal,
@@ -252,22 +258,23 @@ def test_mosaic_fp8_lowers_for_sm90(h, causal, p_regs, monkeypatch):
            kv_lengths=(900, 555), seed=603),
     H.Case(t=1000, s=1100, h=256, n=4, kh=2, causal=True, seed=604),
 ], ids=lambda c: c.id)
-@pytest.mark.parametrize("p_regs", [False, True], ids=["p_smem", "p_registers"])
-def test_mosaic_fp8_compiled(case, p_regs):
+@pytest.mark.parametrize("form", list(FORMS))
+def test_mosaic_fp8_compiled(case, form):
   """Compiled on the GPU: the error budget above, against the float32 attention of the same
-  codes and against bf16; with ``fp8_p_registers`` also against P through SMEM (the same
-  products, summed in another order inside 16-key groups)."""
+  codes and against bf16; with P in registers (``fp8_p_registers``, and the overlapped loop)
+  also against P through SMEM (the same products, summed in another order inside 16-key
+  groups)."""
   x = H.make_inputs(case)
   kw = dict(causal=case.causal, window=case.window, softcap=case.softcap,
             q_segment_ids=x.q_segment_ids, kv_segment_ids=x.kv_segment_ids,
             kv_lengths=x.kv_lengths)
   masked = case.causal or case.window is not None
-  config = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
-                               fp8_p_registers=p_regs)
+  base = default_config(head_dim=case.h, seq_k=case.s, masked=masked)
   out, lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", return_lse=True,
-                                     config=config, **kw)
-  if p_regs:
-    smem_out = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", **kw)
+                                     config=dataclasses.replace(base, **FORMS[form]), **kw)
+  if form != "p_smem":
+    smem_out = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic",
+                                       config=dataclasses.replace(base, **FORMS["p_smem"]), **kw)
     assert _rel(out, smem_out) < 2e-3
   xla_out, xla_lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="xla",
                                              return_lse=True, **kw)
