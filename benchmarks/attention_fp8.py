@@ -4,7 +4,8 @@ FP8 forwards, in one process, on the forward rows of the FA3 grid (../shared/BEN
 Implementations, each jit-compiled on bf16 random-normal q, k, v [B, T, N, H]:
 
 * ``fp8-kernel``: ``pallas_attn.mosaic.fp8.attention`` on inputs quantised beforehand (per-token
-  Q / K scales after the Hadamard rotation, per-channel V): the kernel and V's output scaling;
+  Q / K scales after the Hadamard rotation, per-channel V), P through SMEM
+  (``fp8_p_registers=False``): the kernel and V's output scaling;
 * ``fp8-kernel-preg``: the same with ``Config.fp8_p_registers`` (P as a register operand);
 * ``fp8-kernel+field=value+...``: ``fp8-kernel`` with those Config fields changed (a sweep, e.g.
   ``fp8-kernel+fp8_p_registers=True+exp2_poly_cols=32``);

@@ -102,7 +102,9 @@ class Config:
       runs while the tensor cores compute P_j V_j. Compiled only (interpret mode runs the plain
       loop: the Mosaic GPU interpreter has no register operands for wgmma). Correct but measured
       1.1-1.9x slower than the plain loop on the H200 (register pressure; benchmarks/NOTES.md),
-      so off by default.
+      so off by default. The FP8 forward takes it with ``fp8_p_registers`` (the FP8 step is
+      latency-bound on the softmax: Nsight Compute, session 24); it lowers for sm90 there but
+      has not yet run compiled.
     fold_scale: keep the logits unscaled until the softmax: the row max is taken on q.k and
       2^(c q.k - m) is one FMA per element instead of a multiply and a subtract (exact maths,
       different rounding; FA3 Section 3.1 on the non-matmul FLOPs). Ignored for scale <= 0.
@@ -237,7 +239,11 @@ class Config:
       operand layout gives a thread 4 consecutive keys of a 16-key group where the f32
       accumulator gives it keys {2q, 2q+1, 8+2q, 9+2q}, so V's keys are permuted within each
       group to match (``operands.to_fp8_key_order``, before the kernel) and P's registers are regrouped
-      without moving data (``operands.p_as_8bit_operand``). Not yet timed: off.
+      without moving data (``operands.p_as_8bit_operand``). On by default: 7% faster than P
+      through SMEM at 4x4096x16x128 full (0.858 against 0.927 ms, H100) and 2.2x at
+      4x4096x8x256 (0.842 against 1.817, H200), where the defaults' 64-key blocks make the
+      SMEM round trip dominate (each pair in one process, session 24; benchmarks/NOTES.md).
+      Ignored by the bf16 kernels.
   """
   block_q: int = 64
   block_kv: int = 128
@@ -274,7 +280,7 @@ class Config:
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
   seq_major: bool = False
-  fp8_p_registers: bool = False
+  fp8_p_registers: bool = True
 
   def __post_init__(self):
     if self.block_q not in (64, 128):
