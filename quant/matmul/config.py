@@ -458,7 +458,7 @@ def resolve_mosaic_config(config, *, m: int, k: int, n: int, group_size: int,
 
 def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool = True,
                           num_sms: int = NUM_SMS, block_k: int | None = None,
-                          one_call: bool = False) -> MosaicConfig:
+                          one_call: bool | None = None) -> MosaicConfig:
   """Heuristic MosaicConfig: widest plane the groups allow, two warpgroups sharing x, a 3-deep
   ring, K split for the SMs. (A guess until it is timed on an H200: see benchmarks/w4a16.py.)
 
@@ -479,11 +479,19 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   planes, ``x_slots``, fits there but measured slower than the chunks). ``block_k``: the K
   step of a prepared weight
   (``MosaicWeight.block_k``), else the layout's default.
-  ``one_call`` (opt-in until timed on the H200; benchmarks/NOTES.md, session 22): serve those
-  rows in one call instead: the fewest ``step_parts`` whose two stages fit 128-feature CTAs,
-  and above 128 rows (up to 256) ``scaled_acc``; grid kernel, K split by the wave rule.
+  ``one_call`` (None: on for group-wise scales, the measured case; off for per-channel ones,
+  which keep their 64-row chunks on 512-row steps): serve 65..256 rows in one call: the
+  fewest ``step_parts`` whose two stages fit 128-feature CTAs; ``scaled_acc`` wherever a step
+  is split in parts or above 128 rows (the separate total spills beside a part's code tile);
+  above 128 rows also ``carry_codes``; grid kernel, K split by the wave rule. Measured in one
+  process (H100, session 24; results/w4a16/2026-12-05_s24_*.json): 256 x 8192 x 28672
+  0.3064 ms in four 64-row calls -> 0.2265 in one, 0.2054 with the codes carried (XLA bf16
+  0.1901); 128 x 8192 x 28672 0.1542 in two 64-row calls -> 0.1306 in one with
+  ``scaled_acc`` (0.2072 with the separate total). ``one_call=False``: the earlier heuristic
+  (NotImplementedError where it needs chunks).
   """
   per_channel = group_size >= k
+  one_call = not per_channel if one_call is None else one_call
   bk = block_k or mosaic_layout.default_block_k(k, n, group_size)
   # M <= 8 (x is one 8-row wgmma N tile): 64 features and a 4-deep ring per CTA measured 4-10%
   # faster than 128 features and 3 stages on the H200 (benchmarks/results/w4a16/); at M = 16
@@ -498,11 +506,13 @@ def default_mosaic_config(*, m: int, k: int, n: int, group_size: int, asym: bool
   if one_call and wide:
     # The fewest parts of a step whose two stages fit 128-feature CTAs (x is 32-64 KB a part at
     # 128 rows, 64 KB at 256); the one accumulator where a separate total would not fit.
-    base = dataclasses.replace(base, scaled_acc=mosaic_m_pad(m) > MOSAIC_MAX_M)
+    many = mosaic_m_pad(m) > MOSAIC_MAX_M
+    base = dataclasses.replace(base, scaled_acc=many)
     for parts in (1, 2, 4):
       cand = dataclasses.replace(base, step_parts=parts)
       if mosaic_smem_bytes(cand, m=m, asym=asym) <= SMEM_BYTES:
-        base = cand
+        base = dataclasses.replace(cand, scaled_acc=many or parts > 1,
+                                   carry_codes=many and parts > 1)
         break
   # 512-row steps above 72 rows do not fit the step ring: NotImplementedError here, so a
   # prepared weight runs 64-row chunks (``chunk_rows``). x's own ring of planes

@@ -117,7 +117,8 @@ def test_chunk_rows_with_scaled_acc(m, rows):
   cfg = MosaicConfig(block_n=128, block_k=512, num_stages=2, out_registers=True, step_parts=4,
                      scaled_acc=True)
   assert w4_mosaic.chunk_rows(m, mw, cfg) == rows
-  assert w4_mosaic.chunk_rows(256, mw) == 64               # the heuristic: unchanged for now
+  # The heuristic (one call up to 256 rows since session 24); the earlier one took 64-row chunks.
+  assert w4_mosaic.chunk_rows(256, mw) == 256 and w4_mosaic.chunk_rows(300, mw) == 150
 
 
 @pytest.mark.parametrize("k,n,block_k,parts,split,carry,stream", [
@@ -171,23 +172,29 @@ def test_compiled_scaled_acc():
 
 
 @pytest.mark.parametrize("m,k,n,block_k,parts,scaled,split", [
-    (128, 8192, 28672, 512, 2, False, 1), (96, 8192, 28672, 512, 2, False, 1),
+    (128, 8192, 28672, 512, 2, True, 1), (96, 8192, 28672, 512, 2, True, 1),
     (256, 8192, 28672, 512, 4, True, 1), (256, 28672, 8192, 256, 2, True, 2),
     (200, 8192, 8192, 256, 2, True, 2), (128, 28672, 8192, 256, 1, False, 2)])
 def test_one_call_config(m, k, n, block_k, parts, scaled, split):
-  """``default_mosaic_config(one_call=True)`` (opt-in until timed): the fewest step parts whose
-  two stages fit 128-feature CTAs, the one accumulator above 128 rows, a grid (no stream-K)
-  with the wave rule's K split; the default without it is unchanged (NotImplementedError
-  above 128 rows, and on 512-row steps above 72 rows)."""
-  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k, one_call=True)
+  """``default_mosaic_config`` (``one_call``, the default): the fewest step parts whose two
+  stages fit 128-feature CTAs, the one accumulator where a step is split or above 128 rows,
+  the codes carried across the parts above 128 rows, a grid (no stream-K) with the wave
+  rule's K split. ``one_call=False`` is the earlier heuristic (NotImplementedError above 128
+  rows, and on 512-row steps above 72 rows)."""
+  cfg = default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k)
+  assert cfg == default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k,
+                                      one_call=True)
   assert (cfg.block_n, cfg.num_stages, cfg.out_registers, cfg.stream_ctas) == (128, 2, True, 0)
   assert (cfg.step_parts, cfg.scaled_acc, cfg.split_k) == (parts, scaled, split)
+  assert cfg.carry_codes == (m > 128 and parts > 1)
   check_mosaic_shape(cfg, m=m, k=k, group_size=128)
+  old = lambda: default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k,
+                                      one_call=False)
   if parts > 1 or scaled:
     with pytest.raises(NotImplementedError):
-      default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k)
+      old()
   else:
-    assert default_mosaic_config(m=m, k=k, n=n, group_size=128, block_k=block_k) == cfg
+    assert old() == cfg
 
 
 def test_one_call_config_runs():

@@ -20,7 +20,7 @@ import pytest
 import quant
 from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
-from quant.matmul.config import (MOSAIC_MAX_M, MOSAIC_WIDE_M, SMEM_BYTES, MosaicConfig,
+from quant.matmul.config import (MOSAIC_MAX_M, MOSAIC_SCALED_MAX_M, MOSAIC_WIDE_M, SMEM_BYTES, MosaicConfig,
                                  check_mosaic_shape, default_mosaic_config, fit_mosaic_config,
                                  mosaic_scope_planes, mosaic_smem_bytes)
 from test_int4_matmul_mosaic import BF16, F16, _abstract_weight, _h200
@@ -73,11 +73,15 @@ def test_default_config_above_64_rows(m, k, n):
 
 def test_512_row_steps_fit_72_rows_not_128():
   """x's planes of a 512-row step are 128 KB at 128 rows, too much for two stages of the step
-  ring: no default config (a prepared weight of that layout then runs 64-row chunks); 65..72
-  rows still fit. x's own ring (four 32 KB slots) fits and serves 128 rows when asked for, but
+  ring: no config from the earlier heuristic (``one_call=False``: a prepared weight of that
+  layout then ran 64-row chunks); 65..72 rows still fit. x's own ring (four 32 KB slots) fits and serves 128 rows when asked for, but
   it measured slower on the H200 than the 64-row chunks, so the heuristic does not pick it."""
   with pytest.raises(NotImplementedError, match="shared memory"):
-    default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
+    default_mosaic_config(m=128, k=8192, n=28672, group_size=128, one_call=False)
+  # The default (one_call) splits each step in two parts instead, with the one accumulator.
+  one = default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
+  assert (one.step_parts, one.scaled_acc) == (2, True)
+  assert mosaic_smem_bytes(one, m=128, asym=True) <= SMEM_BYTES
   cfg = default_mosaic_config(m=65, k=8192, n=28672, group_size=128)
   assert cfg.block_k == 512 and cfg.x_slots == 0 and cfg.stream_ctas > 0
   assert mosaic_smem_bytes(cfg, m=65, asym=True) <= SMEM_BYTES
@@ -146,19 +150,20 @@ def test_four_warpgroups_are_refused_above_64_rows():
 
 @pytest.mark.parametrize("k,n,block_k,group_size,m,rows", [
     (28672, 8192, 256, 128, 64, 64), (28672, 8192, 256, 128, 128, 128),
-    (28672, 8192, 256, 128, 200, 100), (28672, 8192, 256, 128, 300, 100),
-    (28672, 8192, 256, 128, 1000, 125), (8192, 28672, 512, 128, 72, 72),
-    (8192, 28672, 512, 128, 128, 64), (8192, 28672, 512, 128, 200, 50),
+    (28672, 8192, 256, 128, 200, 200), (28672, 8192, 256, 128, 300, 150),
+    (28672, 8192, 256, 128, 1000, 250), (8192, 28672, 512, 128, 72, 72),
+    (8192, 28672, 512, 128, 128, 128), (8192, 28672, 512, 128, 200, 200),
     (8192, 28672, 512, 128, 20, 20), (8192, 28672, 512, -1, 128, 64),
     (8192, 28672, 512, -1, 200, 50),
 ])
 def test_chunk_rows(k, n, block_k, group_size, m, rows):
-  """Equal chunks of at most 128 rows where the weight's step fits them, else of at most 64
-  (per-channel scales on 512-row steps: a step's four planes in one scope, eight x slots)."""
+  """Equal chunks of at most 256 rows with group-wise scales (the default's one call: parts
+  of steps, the one accumulator), of at most 64 with per-channel scales on 512-row steps (a
+  step's four planes in one scope, eight x slots; the earlier heuristic there)."""
   qw = _abstract_weight(k, n, group_size=group_size, sym=False, act_order=False)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
   assert w4_mosaic.chunk_rows(m, mw) == rows
-  assert rows <= (MOSAIC_MAX_M if rows > MOSAIC_WIDE_M else MOSAIC_WIDE_M)
+  assert rows <= (MOSAIC_SCALED_MAX_M if rows > MOSAIC_WIDE_M else MOSAIC_WIDE_M)
   # An explicit config decides as well (fitted first: here its block_n drops to 64, as the
   # 128-feature CTA with an SMEM output tile does not fit 128 rows).
   if block_k == 256 and m == 128:

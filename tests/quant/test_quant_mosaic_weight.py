@@ -136,17 +136,18 @@ def test_quant_linear_mosaic_sharding_names_follow_the_transpose():
 
 
 def test_mosaic_serves_a_prepared_weight_above_128_rows_in_chunks():
-  """M > 128 on a prepared weight: equal chunks (here two of 65 rows), one kernel call each
-  (interpret mode), with leading batch dims, bias and the gradient with respect to x."""
+  """M > 128 on a prepared weight: one call up to 256 rows (the default's one accumulator),
+  equal chunks above (here two of 130 rows), one kernel call each (interpret mode), with
+  leading batch dims, bias and the gradient with respect to x."""
   qw = _codes_weight(256, 128, group_size=64, sym=False, act_order=True)
   mw = layout.prepare_mosaic(qw)
-  x = _x(130, 256, jnp.bfloat16, seed=5)
+  x = _x(260, 256, jnp.bfloat16, seed=5)
   b = _x(1, 128, jnp.bfloat16, seed=6)[0]
-  y = api.int4_matmul(x.reshape(2, 65, 256), mw, bias=b, implementation="mosaic",
+  y = api.int4_matmul(x.reshape(2, 130, 256), mw, bias=b, implementation="mosaic",
                       interpret=True)
-  assert y.shape == (2, 65, 128)
-  _check(y.reshape(130, 128), x, qw, b)
-  assert w4_mosaic.chunk_rows(130, mw) == 65
+  assert y.shape == (2, 130, 128)
+  _check(y.reshape(260, 128), x, qw, b)
+  assert w4_mosaic.chunk_rows(260, mw) == 130 and w4_mosaic.chunk_rows(130, mw) == 130
   # A plain QuantizedWeight above 128 rows is declined (dispatch then runs Triton on it).
   with pytest.raises(NotImplementedError, match="M <= 128"):
     api.int4_matmul(x, qw, implementation="mosaic", interpret=True)
@@ -158,11 +159,11 @@ def test_mosaic_serves_a_prepared_weight_above_128_rows_in_chunks():
                              rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("m,chunks", [(200, 2), (1200, 10)])
+@pytest.mark.parametrize("m,chunks", [(400, 2), (2400, 10)])
 def test_chunked_compiled_form_lowers_for_h200(m, chunks):
-  """The compiled form above 128 rows: up to ``MAX_UNROLLED_CHUNKS`` chunks are unrolled (one
-  Mosaic GPU launch each, no XLA while loop: 200 rows are two of 100), more run in a loop
-  around one launch (1200 rows: ten of 120)."""
+  """The compiled form above 256 rows: up to ``MAX_UNROLLED_CHUNKS`` chunks are unrolled (one
+  Mosaic GPU launch each, no XLA while loop: 400 rows are two of 200), more run in a loop
+  around one launch (2400 rows: ten of 240)."""
   from test_int4_matmul_mosaic import _lowered_text
   qw = _codes_weight(1024, 256, group_size=128, sym=False, act_order=False)
   mw = jax.eval_shape(layout.prepare_mosaic, qw)
