@@ -37,7 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
 from pallas_attn.mosaic import fastexp, overlap, schedule
-from pallas_attn.mosaic.operands import p_as_8bit_operand, q_operands
+from pallas_attn.mosaic.operands import p_as_8bit_operand, pv_swizzle, q_operands
 # The rings, their producer loops, the hardware barriers and the tile ranges live in ring.py
 # (shared with the backward kernels); re-exported here, where they were first written.
 from pallas_attn.mosaic.ring import (  # noqa: F401  pylint: disable=unused-import
@@ -350,13 +350,18 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
       def logits(s, j, slot, masked: bool):
         """Base-2 logits (x, c) of K/V block j (ring slot ``slot``) with its mask applied."""
+        fold_q = False
         if st.fp8:
-          # S = (Q8 K8^T) * s_q s_k: the wgmma ran on the e4m3 codes (FA3 Section 3.3); the
-          # key scales arrived with K on ``k_ready``.
+          # S = (Q8 K8^T) * s_q s_k on the e4m3 codes (FA3 Section 3.3; the key scales came
+          # with K). With c > 0 folded into the softmax's FMA, s_q > 0 joins c (c_i = c s_q,i).
           k_scale = plgpu.load(kscale_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-          s = (s * lax.broadcast_in_dim(q_scale, s.shape, [0])
-               * lax.broadcast_in_dim(k_scale, s.shape, [1]))
+          s = s * lax.broadcast_in_dim(k_scale, s.shape, [1])
+          fold_q = st.fold_scale and st.softcap is None and st.scale > 0
+          if not fold_q:
+            s = s * lax.broadcast_in_dim(q_scale, s.shape, [0])
         s, c = _logits2(s, st)
+        if fold_q:
+          c = q_scale * c                               # a row vector: see _times_c
         if st.has_segments:
           # Waited on every step, masked or not: a barrier's phase advances once per fill.
           plgpu.barrier_wait(seg_ready.at[slot])
@@ -601,8 +606,13 @@ def _exp_block(s, m_prev, c: float | None = None, *, poly_cols: int = 0):
   m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
   alpha = jnp.exp2(m_prev - m_use)
   m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
-  p = fastexp.exp2_split(s - m_b if c is None else s * c - m_b, poly_cols)
+  p = fastexp.exp2_split(s - m_b if c is None else _times_c(s, c) - m_b, poly_cols)
   return p, alpha, m_new
+
+
+def _times_c(s, c):
+  """``s * c``: c a scalar, or one factor per row of s (FP8's row scales folded in)."""
+  return s * c if jnp.ndim(c) == 0 else s * lax.broadcast_in_dim(c, s.shape, [0])
 
 
 def _exp_block_lazy(s, m_prev, c: float | None, tau: float, *, poly_cols: int = 0):
@@ -623,19 +633,8 @@ def _exp_block_lazy(s, m_prev, c: float | None, tau: float, *, poly_cols: int = 
   m_use = jnp.where(m_kept == -jnp.inf, 0.0, m_kept)
   alpha = jnp.exp2(m_prev - m_use)
   m_b = lax.broadcast_in_dim(m_use, s.shape, [0])
-  p = fastexp.exp2_split(s - m_b if c is None else s * c - m_b, poly_cols)
+  p = fastexp.exp2_split(s - m_b if c is None else _times_c(s, c) - m_b, poly_cols)
   return p, alpha, m_kept, rescale
-
-
-def pv_swizzle(block_kv: int, itemsize: int) -> int:
-  """Swizzle (bytes) of the V ring and of P: the widest of 128 / 64 / 32 whose row of elements
-  divides ``block_kv``. P V's contraction runs over the keys, and a wgmma issues its K steps in
-  groups one swizzle row wide (``swizzle // itemsize`` elements), so 128 B (64 bf16 keys) needs
-  block_kv % 64 == 0; FA3's 80-key block at head dim 256 needs 32 B rows (16 keys)."""
-  for swizzle in (128, 64, 32):
-    if block_kv % (swizzle // itemsize) == 0:
-      return swizzle
-  raise ValueError(f"block_kv={block_kv} is not a multiple of {32 // itemsize}")
 
 
 def _tiled(row_elems: int, itemsize: int):

@@ -76,3 +76,14 @@ def to_fp8_key_order(x: jax.Array) -> jax.Array:
     raise ValueError(f"the last axis must be a multiple of 16, got {s}")
   groups = x.reshape(*lead, s // 16, 2, 4, 2)                    # (group, h, q, p)
   return jnp.swapaxes(groups, -3, -2).reshape(*lead, s)         # (group, q, h, p)
+
+
+def pv_swizzle(block_kv: int, itemsize: int) -> int:
+  """Swizzle (bytes) of the V ring and of P: the widest of 128 / 64 / 32 whose row of elements
+  divides ``block_kv``. P V's contraction runs over the keys, and a wgmma issues its K steps in
+  groups one swizzle row wide (``swizzle // itemsize`` elements), so 128 B (64 bf16 keys) needs
+  block_kv % 64 == 0; FA3's 80-key block at head dim 256 needs 32 B rows (16 keys)."""
+  for swizzle in (128, 64, 32):
+    if block_kv % (swizzle // itemsize) == 0:
+      return swizzle
+  raise ValueError(f"block_kv={block_kv} is not a multiple of {32 // itemsize}")

@@ -494,7 +494,10 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, tk - s)), constant_values=-2))
   if fp8:
     q_scale, k_scale = fp8_scales
-    inputs.append(jnp.pad(q_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t))))
+    # Padded rows get scale 1, not 0: the kernel folds the row scale into the softmax's
+    # factor, where 0 would turn a masked row's -inf into NaN.
+    inputs.append(jnp.pad(q_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t)),
+                          constant_values=1.0))
     inputs.append(jnp.pad(k_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tk - s))))
 
   # Inside shard_map(check_vma=True) the outputs must vary over q's mesh axes, and every operand

@@ -8,7 +8,7 @@ size, bit width or shape it does not support) raises NotImplementedError, and wi
 
 The weight is a ``quant.QuantizedWeight`` or, for the Mosaic GPU decode kernel on Hopper, the
 same weight prepared once at load time with ``quant.matmul.layout.prepare_mosaic`` (a
-``MosaicWeight``). A prepared weight goes to "mosaic" first (any M: above 128 rows in equal
+``MosaicWeight``). A prepared weight goes to "mosaic" first (any M: above 256 rows in equal
 chunks); a backend after it gets the weight back as a ``QuantizedWeight``
 (``layout.to_quantized``, one unpack per call), e.g. on a GPU that is not Hopper.
 

@@ -4,16 +4,16 @@ Decode-shaped calls (M <= 64) are bound by streaming the int4 weight, so the ker
 transposed product ``y^T = W^T x^T``: the dequantized weight tile (64 output features) is wgmma's
 M side, which must be 64 rows per warpgroup, and the few activation rows are wgmma's N side,
 padded only to a multiple of 8. Computing ``x W`` directly would pad M = 1 up to 64. One call
-takes up to 128 rows (wgmma N = 128; two warpgroups at most, two stages of 256-row steps: x's
-planes are then 64 KB a stage), so a prefill chunk reads the weight once per 128 rows instead
-of once per 64; larger calls on a prepared weight run in equal chunks (``chunk_rows``; of 64
-rows on 512-row steps, whose x does not fit two stages at 128 rows: x's own ring of planes,
-``MosaicConfig.x_slots``, ``mosaic_xring.py``, serves them in one call but measured slower).
-Opt-in, not yet timed on a GPU: ``MosaicConfig.step_parts`` (the ring walks halves or quarters
-of a layout step, so two stages of x fit at 128 rows on 512-row steps) and
-``MosaicConfig.scaled_acc`` (the running total kept in the wgmma accumulator in units of the
-current group's scale, which frees the registers for one call of up to 256 rows, wgmma N =
-256); ``config.default_mosaic_config(..., one_call=True)`` picks them.
+takes up to 256 rows with group-wise scales (the default since session 24): the ring walks
+halves or quarters of a layout step (``MosaicConfig.step_parts``) so that two stages of x fit,
+and the running total stays in the wgmma accumulator in units of the current group's scale
+(``MosaicConfig.scaled_acc``), which frees the registers for wgmma N = 256; above 128 rows
+the code tile crosses to SMEM once per layout step (``carry_codes``). A prefill chunk then
+reads the weight once per 256 rows (H100, session 24: 256 x 8192 x 28672 in 0.205 ms
+against 0.306 in four 64-row calls). Larger calls on a prepared weight run in equal chunks
+(``chunk_rows``); per-channel scales keep the earlier rule (up to 128 rows, 64 on 512-row
+steps; x's own ring of planes, ``MosaicConfig.x_slots``, ``mosaic_xring.py``, serves them in
+one call but measured slower).
 
 Maths. Per group ``g`` of K rows with per-feature scale ``s_g[n]`` and zero ``z_g[n]``::
 
@@ -496,9 +496,9 @@ def int4_matmul(x: Float[Array, "... K"],
   ``qw`` is a ``layout.MosaicWeight`` from ``layout.prepare_mosaic`` (checked here; its
   ``block_k`` fixes the config's) or, in interpret mode only, a ``QuantizedWeight`` (assumed
   checked by ``quant.matmul.api.check_inputs``; repacked on every call). A prepared weight
-  serves any M: one call up to 128 rows where a config fits them (else 64), larger M in equal
-  chunks, one kernel call each (``chunk_rows``). Raises NotImplementedError for
-  float32 x, M > 128 on a plain QuantizedWeight, bits > 4, groups the planes cannot tile, a
+  serves any M: one call up to 256 rows where a config fits them (see ``chunk_rows``), larger
+  M in equal chunks, one kernel call each. Raises NotImplementedError for
+  float32 x, M > 256 on a plain QuantizedWeight, bits > 4, groups the planes cannot tile, a
   config
   that does not fit, and with ``interpret=False`` for a plain QuantizedWeight (see the module
   docstring) or a GPU that is not sm90. ``lowering_platforms=("cuda",)`` on a CPU host is

@@ -249,7 +249,7 @@ def _group(gs):
 
 @pytest.mark.parametrize("make_qw,x_shape,x_dtype,kw,match", [
     (None, (2, 256), jnp.float32, {}, "bfloat16 or float16"),
-    (None, (129, 256), BF16, {}, "M <= 128"),
+    (None, (257, 256), BF16, {}, "M <= 256"),
     (_eight_bit, (2, 256), BF16, {}, "bits <= 4"),
     (_group(8), (2, 384), BF16, {}, "cannot tile groups of 8 "),
     (_group(96), (2, 384), BF16, {}, "cannot tile groups of 96"),

@@ -79,9 +79,12 @@ def test_config_rules():
   check_mosaic_shape(dataclasses.replace(half, stream_ctas=132), m=128, k=8192, group_size=128)
   with pytest.raises(NotImplementedError, match="step_parts"):
     check_mosaic_shape(dataclasses.replace(half, x_slots=4), m=128, k=8192, group_size=128)
-  # (the heuristic does not take them yet: opt-in until timed on the H200)
+  # The earlier heuristic had no config here; the default (one call, session 24) takes half
+  # steps with the one accumulator.
   with pytest.raises(NotImplementedError, match="shared memory"):
-    default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
+    default_mosaic_config(m=128, k=8192, n=28672, group_size=128, one_call=False)
+  cfg = default_mosaic_config(m=128, k=8192, n=28672, group_size=128)
+  assert (cfg.step_parts, cfg.scaled_acc, cfg.carry_codes) == (2, True, False)
 
 
 def test_lowers_for_h200_at_128_rows():

@@ -148,7 +148,7 @@ def test_mosaic_serves_a_prepared_weight_above_128_rows_in_chunks():
   assert y.shape == (2, 130, 128)
   _check(y.reshape(260, 128), x, qw, b)
   assert w4_mosaic.chunk_rows(260, mw) == 130 and w4_mosaic.chunk_rows(130, mw) == 130
-  # A plain QuantizedWeight above 128 rows is declined (dispatch then runs Triton on it).
+  # A plain QuantizedWeight above 256 rows is declined (dispatch then runs Triton on it).
   with pytest.raises(NotImplementedError, match="M <= 128"):
     api.int4_matmul(x, qw, implementation="mosaic", interpret=True)
   g = jax.grad(lambda x: jnp.sum(api.int4_matmul(x, mw, implementation="mosaic",
