@@ -43,7 +43,7 @@ def overlapped_loop(carry, *, lo, lo_full, hi_full, hi, logits, softmax, schedul
   # Loop state: O before block j's rescale, m_j, l_j, P_j (registers, wgmma's A operand), alpha_j.
   state = (acc, m, l, p_operand(wgmma_tile(0, dtype)), l * 0.0)
   # FP8 wgmma reads only K-major operands: V^T's slot [H, block_kv], seen as V.
-  v_operand = (lambda slot: v_smem.at[slot].transpose((1, 0))) if st.fp8 else v_smem.at
+  v_operand = lambda slot: v_smem.at[slot].transpose((1, 0)) if st.fp8 else v_smem.at[slot]
   def softmax_op(*args):
     p, *rest = softmax(*args)
     return (p_operand(p), *rest)
