@@ -5,11 +5,11 @@ Called by ``pallas_attn.fp8.flash_attention_fp8`` with inputs it has quantized. 
 the bf16 rate on Hopper), scaled per query row and key (``s_q s_k``) before the mask and the
 online softmax; P is rounded to e4m3 and O += P8 V8 runs on the FP8 path too. FP8 wgmma reads
 K-major operands only, so V comes in transposed ([B, K, H, S]: the contraction of P V, over
-the keys, is then the fastest axis). An e4m3 A operand in registers needs
-the 8-bit wgmma register layout, which Mosaic GPU does not convert the accumulator's layout
-to; ``Config.fp8_p_registers`` (the default) regroups P's registers instead and permutes V's
-keys to match; with it off, P goes through shared memory. V's per-channel scales multiply the output here, after the
-kernel.
+the keys, is then the fastest axis). An e4m3 A operand in registers needs the 8-bit wgmma
+register layout, which Mosaic GPU does not convert the accumulator's layout to;
+``Config.fp8_p_registers`` (the default) regroups P's registers instead and permutes V's keys
+to match; with it off, P goes through shared memory. V's per-channel scales multiply the
+output here, after the kernel.
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ import pytest
 import quant
 from quant.matmul import layout
 from quant.matmul import mosaic as w4_mosaic
-from quant.matmul.config import (MOSAIC_MAX_M, MOSAIC_SCALED_MAX_M, MOSAIC_WIDE_M, SMEM_BYTES, MosaicConfig,
+from quant.matmul.config import (MOSAIC_MAX_M, MOSAIC_SCALED_MAX_M, MOSAIC_WIDE_M, SMEM_BYTES,
+                                 MosaicConfig,
                                  check_mosaic_shape, default_mosaic_config, fit_mosaic_config,
                                  mosaic_scope_planes, mosaic_smem_bytes)
 from test_int4_matmul_mosaic import BF16, F16, _abstract_weight, _h200
@@ -74,8 +75,9 @@ def test_default_config_above_64_rows(m, k, n):
 def test_512_row_steps_fit_72_rows_not_128():
   """x's planes of a 512-row step are 128 KB at 128 rows, too much for two stages of the step
   ring: no config from the earlier heuristic (``one_call=False``: a prepared weight of that
-  layout then ran 64-row chunks); 65..72 rows still fit. x's own ring (four 32 KB slots) fits and serves 128 rows when asked for, but
-  it measured slower on the H200 than the 64-row chunks, so the heuristic does not pick it."""
+  layout then ran 64-row chunks); 65..72 rows still fit. x's own ring (four 32 KB slots) fits
+  and serves 128 rows when asked for, but it measured slower on the H200 than the 64-row
+  chunks, so the heuristic does not pick it."""
   with pytest.raises(NotImplementedError, match="shared memory"):
     default_mosaic_config(m=128, k=8192, n=28672, group_size=128, one_call=False)
   # The default (one_call) splits each step in two parts instead, with the one accumulator.
