@@ -49,7 +49,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 import timing  # pylint: disable=wrong-import-position
 
-IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "bf16", "cudnn", "cudnn-fp8")
+IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "fp8-kb256", "bf16", "cudnn", "cudnn-fp8")
 ROWS = ((4, 4096, 16, 128), (16, 1024, 16, 128), (1, 16384, 16, 128), (8, 2048, 16, 128),
         (2, 8192, 16, 128), (4, 4096, 32, 64), (4, 4096, 8, 256))
 QUICK_ROWS = ((1, 128, 2, 64),)
@@ -89,22 +89,24 @@ def build(impl: str, causal: bool, h: int, q, k, v):
   if impl == "bf16":
     return jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=causal,
                                                    implementation="mosaic")), (q, k, v), as_f32
-  if impl == "fp8":
+  if impl in ("fp8", "fp8-kb256"):      # end to end; -kb256: one key scale per 256 keys
+    kb = 256 if impl.endswith("kb256") else None
     return jax.jit(lambda q, k, v: fp8.flash_attention_fp8(
-        q, k, v, causal=causal, implementation="mosaic")), (q, k, v), as_f32
+        q, k, v, causal=causal, implementation="mosaic", k_scale_block=kb)), (q, k, v), as_f32
   if impl in ("fp8-kernel", "fp8-kernel-preg") or impl.startswith("fp8-kernel+"):
     from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
-    qf, kf, vf = jax.jit(fp8.quantize_inputs)(q, k, v)
     fields = parse_fields(impl.partition("+")[2].replace("+", ","))
+    kb = int(fields.pop("k_scale_block", 1))      # not a Config field: the quantisation's
+    qf, kf, vf = jax.jit(functools.partial(fp8.quantize_inputs, k_scale_block=kb))(q, k, v)
     fields.setdefault("fp8_p_registers", impl.endswith("preg"))
     config = dataclasses.replace(default_config(head_dim=h, seq_k=q.shape[1], masked=causal),
                                  **fields)
     fn = functools.partial(mosaic_fp8.attention, out_dtype=q.dtype, causal=causal, scale=scale,
                            window=None, softcap=None, q_segment_ids=None, kv_segment_ids=None,
                            kv_lengths=None, return_lse=False, config=config,
-                           interpret=jax.default_backend() != "gpu")
+                           interpret=jax.default_backend() != "gpu", k_scale_block=kb)
     args = (qf.codes, qf.scale, kf.codes, kf.scale, vf.codes, vf.scale)
     return jax.jit(fn), args, lambda o: as_f32(o)[..., :h]
   if impl == "cudnn":

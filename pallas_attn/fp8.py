@@ -7,8 +7,13 @@ FP8 tensor cores (twice the bf16 rate) and keeps the error down with two tricks,
   not cost the others their precision: ``x ~= x8 * s`` with ``s = amax(|x_block|) / 448``
   (448 is e4m3's largest finite value). ``scale_block`` tokens share a scale; the default, 1,
   is per token (a scale per query row and per key), which the kernel applies as a row and a
-  column scaling of S at one multiply per logit. V is scaled per channel (over the keys), so
-  its scale multiplies the output once at the end.
+  column scaling of S at one multiply per logit; ``k_scale_block`` sets K's apart. Where K's
+  blocks are a multiple of the kernel's key block (64-256 keys; 256 serves every head dim's
+  default tile), the key scale is one
+  number per step and S's scaling becomes one factor per row, folded with the softmax scale
+  into the FMA of :math:`2^{c_i x - m_i}` (FA3's block quantisation; Q per token costs nothing
+  then). V is scaled per channel (over the keys), so its scale multiplies the output once at
+  the end.
 * **Incoherent processing.** Q and K are multiplied by the same orthonormal Hadamard matrix
   :math:`\mathcal{H}` along the head dim before quantisation: :math:`(Q\mathcal{H})
   (K\mathcal{H})^\top = Q K^\top`, but the rotation spreads an outlier channel over all
@@ -126,10 +131,12 @@ def dequantize(x: Fp8Tensor, *, per: str) -> jax.Array:
 
 
 def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
+                    k_scale_block: int | None = None,
                     kv_lengths=None) -> tuple[Fp8Tensor, Fp8Tensor, Fp8Tensor]:
   """The FP8 inputs of ``flash_attention_fp8``: Q and K rotated (``use_hadamard``; the head dim
-  zero-padded to a power of two, as is V's) and quantised per ``scale_block`` tokens, V per
-  channel. Keys at or past ``kv_lengths`` are zeroed."""
+  zero-padded to a power of two, as is V's) and quantised per ``scale_block`` tokens (K per
+  ``k_scale_block``, None: the same), V per channel. Keys at or past ``kv_lengths`` are
+  zeroed."""
   h = q.shape[-1]
   if use_hadamard:
     d = 1 << max(h - 1, 0).bit_length()
@@ -143,15 +150,17 @@ def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
   valid = None
   if kv_lengths is not None:
     valid = jnp.arange(k.shape[1])[None, :] < jnp.clip(kv_lengths, 0, k.shape[1])[:, None]
-  return (quantize_tokens(q, block=scale_block), quantize_tokens(k, block=scale_block,
+  k_block = scale_block if k_scale_block is None else k_scale_block
+  return (quantize_tokens(q, block=scale_block), quantize_tokens(k, block=k_block,
                                                                  valid=valid),
           quantize_channels(v, valid=valid))
 
 
-def _xla_backend(qf, kf, vf, *, out_dtype, return_lse, config, interpret, **masks):
+def _xla_backend(qf, kf, vf, *, out_dtype, return_lse, config, interpret, k_scale_block,
+                 **masks):
   """Reference semantics: the dequantised inputs in float32 through ``reference.attention``
   (P is not rounded to e4m3 here, unlike the kernel)."""
-  del interpret
+  del interpret, k_scale_block
   if config is not None:
     raise NotImplementedError("the xla backend takes no config")
   res = reference.attention(dequantize(qf, per="token"), dequantize(kf, per="token"),
@@ -202,6 +211,7 @@ def flash_attention_fp8(
     return_lse: bool = False,
     use_hadamard: bool = True,
     scale_block: int = 1,
+    k_scale_block: int | None = None,
     implementation: str | None = None,
     config: Any = None,
     interpret: bool | None = None,
@@ -212,19 +222,22 @@ def flash_attention_fp8(
      Q' = \mathrm{q8}(Q\mathcal{H}),\; K' = \mathrm{q8}(K\mathcal{H}),\; V' = \mathrm{q8}(V),
      \quad \mathrm{out} = \mathrm{softmax}(\mathrm{scale}\; Q' K'^\top) V'
 
-  with per-``scale_block``-token scales for Q and K, per-channel scales for V (see the module
-  docstring) and the rotation :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation
+  with per-``scale_block``-token scales for Q and K (per ``k_scale_block`` keys for K where
+  given: a multiple of the kernel's key block, e.g. 256, lets it scale S per row only, see
+  the module docstring),
+  per-channel scales for V and the rotation :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation
   runs in XLA before the kernel (one pass over Q, K, V). "mosaic" (Hopper) runs both matmuls
   on the FP8 tensor cores; "xla" computes the same attention of the dequantised inputs in
   float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU, else "xla".
 
   Returns ``out [B, T, N, H]`` in q's dtype (and ``lse [B, N, T]`` float32). Forward only:
   differentiating through it raises NotImplementedError. The Mosaic kernel is tested in
-  interpret mode and lowers for sm90; its first compiled run is still to come
-  (``benchmarks/run_s23_fp8.sh``; benchmarks/NOTES.md, session 23).
+  interpret mode and compiled on Hopper (``tests/pallas_attn/test_fp8.py``); it is not yet
+  faster than the bf16 forward (benchmarks/NOTES.md, sessions 24-25).
 
   Example:
     >>> out = flash_attention_fp8(q, k, v, causal=True)     # q, k, v bf16, as flash_attention
+    >>> out = flash_attention_fp8(q, k, v, k_scale_block=256)   # one scale per 256 keys
   """
   api.check_inputs(q, k, v, scale=scale, window=window, softcap=softcap,
                    q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
@@ -232,19 +245,25 @@ def flash_attention_fp8(
   if implementation is not None and implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None, "
                      f"got {implementation!r}")
-  if not isinstance(scale_block, int) or isinstance(scale_block, bool) or scale_block < 1:
-    raise ValueError(f"scale_block must be a positive int, got {scale_block!r}")
+  for name, value in (("scale_block", scale_block), ("k_scale_block", k_scale_block)):
+    if name == "k_scale_block" and value is None:
+      continue
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"{name} must be a positive int, got {value!r}")
+  k_scale_block = scale_block if k_scale_block is None else k_scale_block
   h = q.shape[-1]
   q, k, v = (_forward_only(x) for x in (q, k, v))
   qf, kf, vf = quantize_inputs(q, k, v, use_hadamard=bool(use_hadamard),
-                               scale_block=scale_block, kv_lengths=kv_lengths)
+                               scale_block=scale_block, k_scale_block=k_scale_block,
+                               kv_lengths=kv_lengths)
   kwargs = dict(out_dtype=q.dtype, causal=bool(causal),
                 scale=h ** -0.5 if scale is None else float(scale),
                 window=None if window is None else tuple(
                     None if w is None else int(w) for w in window),
                 softcap=None if softcap is None else float(softcap),
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                kv_lengths=kv_lengths, return_lse=return_lse, config=config)
+                kv_lengths=kv_lengths, return_lse=return_lse, config=config,
+                k_scale_block=k_scale_block)
   on_gpu = jax.default_backend() == "gpu"
   order = (implementation,) if implementation else (("mosaic", "xla") if on_gpu else ("xla",))
   errors = []

@@ -20,10 +20,14 @@ from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 
 
 def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale, window,
-              softcap, q_segment_ids, kv_segment_ids, kv_lengths, return_lse, config, interpret):
+              softcap, q_segment_ids, kv_segment_ids, kv_lengths, return_lse, config, interpret,
+              k_scale_block: int = 1):
   """FP8 forward: ``q8 [B, T, N, H]``, ``k8, v8 [B, S, K, H]`` float8_e4m3fn codes with
   ``q_scale [B, N, T]``, ``k_scale [B, K, S]`` (per token) and ``v_scale [B, K, H]`` (per
   channel) float32, so that q = q8 * q_scale etc. Returns out in ``out_dtype`` (and lse).
+  ``k_scale_block``: k_scale is constant over each run of that many keys from key 0; where
+  that is a multiple of the kernel's key block, the kernel reads one scale a block and S
+  takes its scales as one factor per row (no multiply per logit).
 
   Raises NotImplementedError (dispatch then falls back) off Hopper without interpret mode, for
   head dims over 256, a foreign config, or a tile set over shared memory.
@@ -43,7 +47,8 @@ def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale
   out, lse = ops._forward(                                          # pylint: disable=protected-access
       q8, k8, vt, q_segment_ids, kv_segment_ids, kv_lengths, causal=causal,
       scale=h ** -0.5 if scale is None else scale, window=window, softcap=softcap, cfg=cfg,
-      hp=hp, interpret=interpret, fp8_scales=(q_scale, k_scale), out_dtype=jnp.bfloat16)
+      hp=hp, interpret=interpret, fp8_scales=(q_scale, k_scale), out_dtype=jnp.bfloat16,
+      fp8_k_block=k_scale_block % cfg.block_kv == 0)
   # O was accumulated in V's per-channel units: out = (P8 V8 / l) * s_v, s_v of head n // G.
   v_rows = jnp.repeat(v_scale, n // kh, axis=1)                     # [B, N, H]
   out = (out.astype(jnp.float32) * v_rows[:, None]).astype(out_dtype)

@@ -105,6 +105,8 @@ class Statics:
   lazy_rescale: float = 0.0     # forward: keep stale row maxima until one grows by more (FA4)
   fp8: bool = False             # forward: Q, K, P and V (given transposed, [B, K, H, S]) in
                                 # float8_e4m3fn, with per-query and per-key float32 scales
+  fp8_k_block: bool = False     # FP8: the key scales are equal within each K block (block
+                                # quantisation): one per block, read as a scalar
 
   @property
   def v_ring(self) -> int:
@@ -350,18 +352,23 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
 
       def logits(s, j, slot, masked: bool):
         """Base-2 logits (x, c) of K/V block j (ring slot ``slot``) with its mask applied."""
-        fold_q = False
+        fold_q, row_scale = False, q_scale
         if st.fp8:
           # S = (Q8 K8^T) * s_q s_k on the e4m3 codes (FA3 Section 3.3; the key scales came
           # with K). With c > 0 folded into the softmax's FMA, s_q > 0 joins c (c_i = c s_q,i).
-          k_scale = plgpu.load(kscale_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
-          s = s * lax.broadcast_in_dim(k_scale, s.shape, [1])
+          if st.fp8_k_block:
+            # One key scale for the whole block (FA3's block quantisation): a factor per row,
+            # s_q,i s_k, instead of a multiply per logit.
+            row_scale = q_scale * kscale_smem[slot, 0]
+          else:
+            k_scale = plgpu.load(kscale_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+            s = s * lax.broadcast_in_dim(k_scale, s.shape, [1])
           fold_q = st.fold_scale and st.softcap is None and st.scale > 0
           if not fold_q:
-            s = s * lax.broadcast_in_dim(q_scale, s.shape, [0])
+            s = s * lax.broadcast_in_dim(row_scale, s.shape, [0])
         s, c = _logits2(s, st)
         if fold_q:
-          c = q_scale * c                               # a row vector: see _times_c
+          c = row_scale * c                             # a row vector: see _times_c
         if st.has_segments:
           # Waited on every step, masked or not: a barrier's phase advances once per fill.
           plgpu.barrier_wait(seg_ready.at[slot])

@@ -384,11 +384,12 @@ def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> i
 
 
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
-             hp: int, interpret, fp8_scales=None, out_dtype=None):
+             hp: int, interpret, fp8_scales=None, out_dtype=None, fp8_k_block=False):
   """Pads to the CTA tile (consumers * block_q rows, block_kv keys, hp lanes), runs the kernel,
   unpads. ``fp8_scales`` = (q scales [B, N, T], k scales [B, K, S]) float32: q, k are
   float8_e4m3fn codes and v is V^T's codes [B, K, H, S] (``pallas_attn.mosaic.fp8``); the
-  output is then in ``out_dtype``."""
+  output is then in ``out_dtype``. ``fp8_k_block``: the k scales are equal within each
+  ``cfg.block_kv`` keys (the kernel reads one a block)."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
   fp8 = fp8_scales is not None
@@ -414,6 +415,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       block_kv=cfg.block_kv, num_stages=cfg.num_stages, num_kv_blocks=tk // cfg.block_kv,
       v_stages=0 if cfg.v_stages == cfg.num_stages else cfg.v_stages,
       registers_pv=not interpret and (not fp8 or cfg.fp8_p_registers), fp8=fp8,
+      fp8_k_block=fp8 and bool(fp8_k_block),
       overlap=cfg.overlap and not interpret and cfg.consumers == 2,
       fold_scale=cfg.fold_scale, named_barriers=cfg.named_barriers and not interpret,
       early_k_wait=cfg.early_k_wait, computed_ranges=computed, seq_q=t, seq_k=s,

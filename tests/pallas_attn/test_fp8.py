@@ -193,6 +193,34 @@ def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw, monkeypatch):
   np.testing.assert_array_equal(np.asarray(out, np.float32).transpose(0, 2, 1, 3)[empty], 0.0)
 
 
+@pytest.mark.parametrize("k_block,per_block", [(128, True), (96, False)])
+def test_mosaic_fp8_key_block_scales_in_interpret_mode(k_block, per_block, monkeypatch):
+  """``k_scale_block``: K's scales are one per run of keys; a multiple of the kernel's key
+  block (128 at H = 128) makes the kernel read one scale a block and scale S per row only
+  (``Statics.fp8_k_block``), otherwise it keeps the per-key multiply. Either way it computes
+  the attention of the same codes (the xla backend on the same quantised inputs)."""
+  b, t, s, n, kh, h = 2, 130, 300, 2, 1, 128
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=9)
+  kf = fp8.quantize_inputs(q, k, v, k_scale_block=k_block)[1]
+  scales = np.asarray(kf.scale)[..., :(s // k_block) * k_block].reshape(b, kh, -1, k_block)
+  assert (scales == scales[..., :1]).all() and not (scales == scales[:, :, :1, :1]).all()
+  launched = []
+  body = kernels.fwd_kernel
+  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
+      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  kw = H.flag_kwargs(dict(causal=True, kv_lengths=True), t=t, s=s)
+  out, lse = fp8.flash_attention_fp8(q, k, v, implementation="mosaic", interpret=True,
+                                     return_lse=True, k_scale_block=k_block, **kw)
+  assert launched and all(st.fp8 and st.fp8_k_block == per_block for st in launched)
+  xla_out, xla_lse = fp8.flash_attention_fp8(q, k, v, implementation="xla", return_lse=True,
+                                             k_scale_block=k_block, **kw)
+  fin = np.isfinite(np.asarray(xla_lse))
+  np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
+  np.testing.assert_allclose(np.asarray(lse)[fin], np.asarray(xla_lse)[fin], atol=1e-4)
+  assert _rel(out, xla_out) < 0.04
+  assert _rel(out, _reference(q, k, v, **kw)) < 0.08
+
+
 def test_key_order_makes_the_register_regrouping_compute_p_v():
   """``Config.fp8_p_registers``'s index maths, simulated per thread from the two layouts' lane
   maps (jax.experimental.mosaic.gpu.fragmented_array): in each 16-key group the accumulator
@@ -225,14 +253,16 @@ FORMS = {"p_smem": dict(fp8_p_registers=False, overlap=False),
          "overlap": dict(fp8_p_registers=True, overlap=True)}
 
 
-@pytest.mark.parametrize("h,causal,form", [(64, True, "p_smem"), (128, False, "p_smem"),
-                                           (256, True, "p_smem"), (128, True, "p_registers"),
-                                           (128, False, "overlap"), (64, True, "overlap")])
-def test_mosaic_fp8_lowers_for_sm90(h, causal, form, monkeypatch):
+@pytest.mark.parametrize("h,causal,form,k_block", [
+    (64, True, "p_smem", 1), (128, False, "p_smem", 1), (256, True, "p_smem", 1),
+    (128, True, "p_registers", 1), (128, False, "overlap", 1), (64, True, "overlap", 1),
+    (128, False, "p_registers", 256), (256, False, "overlap", 256), (64, False, "p_smem", 256),
+    (256, True, "p_registers", 256)])
+def test_mosaic_fp8_lowers_for_sm90(h, causal, form, k_block, monkeypatch):
   """The compiled form (e4m3 wgmmas with K-major operands, V^T's ring, P through SMEM, or with
   ``fp8_p_registers`` P as a register operand, and with ``overlap`` the intra-warpgroup
-  overlapped loop) lowers for sm90 on the CPU host; Mosaic GPU rejects a transposed FP8
-  operand at this stage."""
+  overlapped loop; with ``k_block`` one key scale a block, read as a scalar) lowers for sm90
+  on the CPU host; Mosaic GPU rejects a transposed FP8 operand at this stage."""
   monkeypatch.setattr(ops, "_on_hopper", lambda: True)
   b, t, n = 1, 512, 2
   codes = jax.ShapeDtypeStruct((b, t, n, h), jnp.float8_e4m3fn)
@@ -244,20 +274,23 @@ def test_mosaic_fp8_lowers_for_sm90(h, causal, form, monkeypatch):
     return mosaic_fp8.attention(q8, qs, k8, ks, v8, vs, out_dtype=jnp.bfloat16, causal=causal,
                                 scale=h ** -0.5, window=None, softcap=None, q_segment_ids=None,
                                 kv_segment_ids=None, kv_lengths=None, return_lse=False,
-                                config=config, interpret=False)
+                                config=config, interpret=False, k_scale_block=k_block)
   text = jax.jit(fwd).trace(codes, rows, codes, rows, codes, chans).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "flash_attention_fwd" in text
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [
+COMPILED_CASES = [
     H.Case(t=1024, s=1024, h=128, n=4, kh=4, seed=601),
     H.Case(t=1000, s=1100, h=128, n=4, kh=2, causal=True, seed=602),
     H.Case(t=700, s=900, h=64, n=4, kh=2, window=(100, 20), softcap=30.0, segments=2,
            kv_lengths=(900, 555), seed=603),
     H.Case(t=1000, s=1100, h=256, n=4, kh=2, causal=True, seed=604),
-], ids=lambda c: c.id)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", COMPILED_CASES, ids=lambda c: c.id)
 @pytest.mark.parametrize("form", list(FORMS))
 def test_mosaic_fp8_compiled(case, form):
   """Compiled on the GPU: the error budget above, against the float32 attention of the same
@@ -278,6 +311,27 @@ def test_mosaic_fp8_compiled(case, form):
     assert _rel(out, smem_out) < 2e-3
   xla_out, xla_lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="xla",
                                              return_lse=True, **kw)
+  fin = np.isfinite(np.asarray(xla_lse))
+  np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
+  np.testing.assert_allclose(np.asarray(lse)[fin], np.asarray(xla_lse)[fin], atol=1e-3)
+  assert _rel(out, xla_out) < 0.04
+  assert _rel(out, _reference(x.q, x.k, x.v, **kw)) < 0.08
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", COMPILED_CASES, ids=lambda c: c.id)
+def test_mosaic_fp8_key_block_compiled(case):
+  """Compiled, one key scale per 256 keys (``k_scale_block``; the kernel's per-row scaling of
+  S, ``Statics.fp8_k_block``, at every default key block): the error budget above against the
+  float32 attention of the same codes; against bf16 the budget of per-key scales."""
+  x = H.make_inputs(case)
+  kw = dict(causal=case.causal, window=case.window, softcap=case.softcap,
+            q_segment_ids=x.q_segment_ids, kv_segment_ids=x.kv_segment_ids,
+            kv_lengths=x.kv_lengths)
+  out, lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", return_lse=True,
+                                     k_scale_block=256, **kw)
+  xla_out, xla_lse = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="xla",
+                                             return_lse=True, k_scale_block=256, **kw)
   fin = np.isfinite(np.asarray(xla_lse))
   np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
   np.testing.assert_allclose(np.asarray(lse)[fin], np.asarray(xla_lse)[fin], atol=1e-3)
