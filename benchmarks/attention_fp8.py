@@ -4,12 +4,14 @@ FP8 forwards, in one process, on the forward rows of the FA3 grid (../shared/BEN
 Implementations, each jit-compiled on bf16 random-normal q, k, v [B, T, N, H]:
 
 * ``fp8-kernel``: ``pallas_attn.mosaic.fp8.attention`` on inputs quantised beforehand (per-token
-  Q / K scales after the Hadamard rotation, per-channel V), P through SMEM
-  (``fp8_p_registers=False``): the kernel and V's output scaling;
+  Q scales, one K scale per 256 keys after the Hadamard rotation, per-channel V), P through
+  SMEM (``fp8_p_registers=False``): the kernel and V's output scaling;
 * ``fp8-kernel-preg``: the same with ``Config.fp8_p_registers`` (P as a register operand);
 * ``fp8-kernel+field=value+...``: ``fp8-kernel`` with those Config fields changed (a sweep, e.g.
-  ``fp8-kernel+fp8_p_registers=True+exp2_poly_cols=32``);
+  ``fp8-kernel+fp8_p_registers=True+exp2_poly_cols=32``); ``k_scale_block=1`` there quantises
+  K per key instead (before session 25 the only form);
 * ``fp8``: ``pallas_attn.flash_attention_fp8`` end to end (the quantisation pass included);
+  ``fp8-kb1``: the same with a scale per key;
 * ``bf16``: ``pallas_attn.flash_attention(implementation="mosaic")``;
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` in bf16;
 * ``cudnn-fp8``: cuDNN's FP8 forward (``jax._src.cudnn.fused_attention_stablehlo`` with
@@ -49,7 +51,7 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 import timing  # pylint: disable=wrong-import-position
 
-IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "fp8-kb256", "bf16", "cudnn", "cudnn-fp8")
+IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "bf16", "cudnn", "cudnn-fp8")
 ROWS = ((4, 4096, 16, 128), (16, 1024, 16, 128), (1, 16384, 16, 128), (8, 2048, 16, 128),
         (2, 8192, 16, 128), (4, 4096, 32, 64), (4, 4096, 8, 256))
 QUICK_ROWS = ((1, 128, 2, 64),)
@@ -89,8 +91,8 @@ def build(impl: str, causal: bool, h: int, q, k, v):
   if impl == "bf16":
     return jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=causal,
                                                    implementation="mosaic")), (q, k, v), as_f32
-  if impl in ("fp8", "fp8-kb256"):      # end to end; -kb256: one key scale per 256 keys
-    kb = 256 if impl.endswith("kb256") else None
+  if impl in ("fp8", "fp8-kb1"):      # end to end; -kb1: a scale per key (the default: 256)
+    kb = 1 if impl.endswith("kb1") else 256
     return jax.jit(lambda q, k, v: fp8.flash_attention_fp8(
         q, k, v, causal=causal, implementation="mosaic", k_scale_block=kb)), (q, k, v), as_f32
   if impl in ("fp8-kernel", "fp8-kernel-preg") or impl.startswith("fp8-kernel+"):
@@ -98,7 +100,7 @@ def build(impl: str, causal: bool, h: int, q, k, v):
     from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
     fields = parse_fields(impl.partition("+")[2].replace("+", ","))
-    kb = int(fields.pop("k_scale_block", 1))      # not a Config field: the quantisation's
+    kb = int(fields.pop("k_scale_block", 256))    # not a Config field: the quantisation's
     qf, kf, vf = jax.jit(functools.partial(fp8.quantize_inputs, k_scale_block=kb))(q, k, v)
     fields.setdefault("fp8_p_registers", impl.endswith("preg"))
     config = dataclasses.replace(default_config(head_dim=h, seq_k=q.shape[1], masked=causal),

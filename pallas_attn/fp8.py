@@ -5,15 +5,15 @@ FP8 tensor cores (twice the bf16 rate) and keeps the error down with two tricks,
 
 * **Block quantisation.** Each block of tokens gets its own scale, so one outlier token does
   not cost the others their precision: ``x ~= x8 * s`` with ``s = amax(|x_block|) / 448``
-  (448 is e4m3's largest finite value). ``scale_block`` tokens share a scale; the default, 1,
-  is per token (a scale per query row and per key), which the kernel applies as a row and a
-  column scaling of S at one multiply per logit; ``k_scale_block`` sets K's apart. Where K's
-  blocks are a multiple of the kernel's key block (64-256 keys; 256 serves every head dim's
-  default tile), the key scale is one
-  number per step and S's scaling becomes one factor per row, folded with the softmax scale
-  into the FMA of :math:`2^{c_i x - m_i}` (FA3's block quantisation; Q per token costs nothing
-  then). V is scaled per channel (over the keys), so its scale multiplies the output once at
-  the end.
+  (448 is e4m3's largest finite value). Q gets one scale per token (``scale_block``, default
+  1) and K one per 256 keys (``k_scale_block``). Where K's blocks are a multiple of the
+  kernel's key block (64-256 keys; 256 serves every head dim's default tile), the key scale is
+  one number per step and S's scaling :math:`s_{q,i} s_k` is one factor per row, folded with
+  the softmax scale into the FMA of :math:`2^{c_i x - m_i}` (FA3's block quantisation; Q per
+  token then costs nothing). Per-key scales (``k_scale_block=1``) cost one multiply per logit:
+  the kernel measured 15% slower with them on the H200 (0.846 against 0.719 ms at
+  4x4096x16x128) at the same error (V's rounding dominates it). V is scaled per channel (over
+  the keys), so its scale multiplies the output once at the end.
 * **Incoherent processing.** Q and K are multiplied by the same orthonormal Hadamard matrix
   :math:`\mathcal{H}` along the head dim before quantisation: :math:`(Q\mathcal{H})
   (K\mathcal{H})^\top = Q K^\top`, but the rotation spreads an outlier channel over all
@@ -131,7 +131,7 @@ def dequantize(x: Fp8Tensor, *, per: str) -> jax.Array:
 
 
 def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
-                    k_scale_block: int | None = None,
+                    k_scale_block: int | None = 256,
                     kv_lengths=None) -> tuple[Fp8Tensor, Fp8Tensor, Fp8Tensor]:
   """The FP8 inputs of ``flash_attention_fp8``: Q and K rotated (``use_hadamard``; the head dim
   zero-padded to a power of two, as is V's) and quantised per ``scale_block`` tokens (K per
@@ -211,7 +211,7 @@ def flash_attention_fp8(
     return_lse: bool = False,
     use_hadamard: bool = True,
     scale_block: int = 1,
-    k_scale_block: int | None = None,
+    k_scale_block: int | None = 256,
     implementation: str | None = None,
     config: Any = None,
     interpret: bool | None = None,
@@ -222,22 +222,23 @@ def flash_attention_fp8(
      Q' = \mathrm{q8}(Q\mathcal{H}),\; K' = \mathrm{q8}(K\mathcal{H}),\; V' = \mathrm{q8}(V),
      \quad \mathrm{out} = \mathrm{softmax}(\mathrm{scale}\; Q' K'^\top) V'
 
-  with per-``scale_block``-token scales for Q and K (per ``k_scale_block`` keys for K where
-  given: a multiple of the kernel's key block, e.g. 256, lets it scale S per row only, see
-  the module docstring),
-  per-channel scales for V and the rotation :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation
+  with per-``scale_block``-token scales for Q, per-``k_scale_block``-key scales for K (None:
+  ``scale_block``; a multiple of the kernel's key block, as the default 256, lets it scale S
+  per row only: see the module docstring), per-channel scales for V and the rotation
+  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation
   runs in XLA before the kernel (one pass over Q, K, V). "mosaic" (Hopper) runs both matmuls
   on the FP8 tensor cores; "xla" computes the same attention of the dequantised inputs in
   float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU, else "xla".
 
   Returns ``out [B, T, N, H]`` in q's dtype (and ``lse [B, N, T]`` float32). Forward only:
   differentiating through it raises NotImplementedError. The Mosaic kernel is tested in
-  interpret mode and compiled on Hopper (``tests/pallas_attn/test_fp8.py``); it is not yet
-  faster than the bf16 forward (benchmarks/NOTES.md, sessions 24-25).
+  interpret mode and compiled on Hopper (``tests/pallas_attn/test_fp8.py``); the kernel is
+  faster than the bf16 forward on unmasked rows, the quantisation pass before it is not yet
+  fused (benchmarks/NOTES.md, session 25).
 
   Example:
     >>> out = flash_attention_fp8(q, k, v, causal=True)     # q, k, v bf16, as flash_attention
-    >>> out = flash_attention_fp8(q, k, v, k_scale_block=256)   # one scale per 256 keys
+    >>> out = flash_attention_fp8(q, k, v, k_scale_block=1)   # a scale per key (slower)
   """
   api.check_inputs(q, k, v, scale=scale, window=window, softcap=softcap,
                    q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
