@@ -11,7 +11,8 @@ Implementations, each jit-compiled on bf16 random-normal q, k, v [B, T, N, H]:
   ``fp8-kernel+fp8_p_registers=True+exp2_poly_cols=32``); ``k_scale_block=1`` there quantises
   K per key instead (before session 25 the only form);
 * ``fp8``: ``pallas_attn.flash_attention_fp8`` end to end (the quantisation pass included);
-  ``fp8-kb1``: the same with a scale per key;
+  ``fp8-kb1``: the same with a scale per key; ``fp8-fused``: with ``fused_quantize=True``
+  (Q's and K's quantisation in one Pallas Triton pass each);
 * ``bf16``: ``pallas_attn.flash_attention(implementation="mosaic")``;
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` in bf16;
 * ``cudnn-fp8``: cuDNN's FP8 forward (``jax._src.cudnn.fused_attention_stablehlo`` with
@@ -91,10 +92,12 @@ def build(impl: str, causal: bool, h: int, q, k, v):
   if impl == "bf16":
     return jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=causal,
                                                    implementation="mosaic")), (q, k, v), as_f32
-  if impl in ("fp8", "fp8-kb1"):      # end to end; -kb1: a scale per key (the default: 256)
-    kb = 1 if impl.endswith("kb1") else 256
+  if impl in ("fp8", "fp8-kb1", "fp8-fused"):   # end to end; -kb1: a scale per key (default:
+    kb = 1 if impl.endswith("kb1") else 256      # per 256); -fused: fused_quantize=True
+    fused = impl.endswith("fused")
     return jax.jit(lambda q, k, v: fp8.flash_attention_fp8(
-        q, k, v, causal=causal, implementation="mosaic", k_scale_block=kb)), (q, k, v), as_f32
+        q, k, v, causal=causal, implementation="mosaic", k_scale_block=kb,
+        fused_quantize=fused)), (q, k, v), as_f32
   if impl in ("fp8-kernel", "fp8-kernel-preg") or impl.startswith("fp8-kernel+"):
     from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel

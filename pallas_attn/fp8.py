@@ -131,29 +131,43 @@ def dequantize(x: Fp8Tensor, *, per: str) -> jax.Array:
 
 
 def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
-                    k_scale_block: int | None = 256,
-                    kv_lengths=None) -> tuple[Fp8Tensor, Fp8Tensor, Fp8Tensor]:
+                    k_scale_block: int | None = 256, kv_lengths=None, fused: bool = False,
+                    interpret: bool | None = None) -> tuple[Fp8Tensor, Fp8Tensor, Fp8Tensor]:
   """The FP8 inputs of ``flash_attention_fp8``: Q and K rotated (``use_hadamard``; the head dim
   zero-padded to a power of two, as is V's) and quantised per ``scale_block`` tokens (K per
   ``k_scale_block``, None: the same), V per channel. Keys at or past ``kv_lengths`` are
-  zeroed."""
+  zeroed. ``fused``: Q and K each in one Pallas Triton pass (rotation, amax and codes
+  together, ``pallas_attn.triton.fp8_quantize``; the same codes), where it serves them (16-bit
+  inputs, blocks of 1 or a power of two up to 256), else XLA; ``interpret`` None: on a CPU."""
   h = q.shape[-1]
+  d = 1 << max(h - 1, 0).bit_length() if use_hadamard else h
+  pad = lambda x: x if d == h else jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, d - h)))
+  k_block = scale_block if k_scale_block is None else k_scale_block
+  lengths = None if kv_lengths is None else jnp.clip(kv_lengths, 0, k.shape[1])
+  valid = None if lengths is None else jnp.arange(k.shape[1])[None, :] < lengths[:, None]
+  fq = None
+  if fused:
+    from pallas_attn.triton import fp8_quantize as fq   # pylint: disable=import-outside-toplevel
+    if not all(fq.supported(head_dim=d, dtype=x.dtype, scale_block=blk)
+               for x, blk in ((q, scale_block), (k, k_block))):
+      fq = None
+  if fq is not None:
+    run = functools.partial(fq.quantize, rotate=bool(use_hadamard),
+                            interpret=jax.default_backend() != "gpu" if interpret is None
+                            else bool(interpret))
+    qf = Fp8Tensor(*run(pad(q), scale_block=scale_block))
+    kf = Fp8Tensor(*run(pad(k), lengths, scale_block=k_block))
+    return qf, kf, quantize_channels(pad(v), valid=valid)
   if use_hadamard:
-    d = 1 << max(h - 1, 0).bit_length()
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, d - h)))
     # The rotation's float32 result goes back to a 16-bit input's dtype: e4m3 keeps 3 of
     # bf16's 8 mantissa bits, so the double rounding costs nothing measurable, and the
     # quantisation pass reads 2 bytes an element instead of 4 (twice: amax, then codes).
     rotate = lambda x: hadamard(pad(x)).astype(
         x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32)
-    q, k, v = rotate(q), rotate(k), pad(v)
-  valid = None
-  if kv_lengths is not None:
-    valid = jnp.arange(k.shape[1])[None, :] < jnp.clip(kv_lengths, 0, k.shape[1])[:, None]
-  k_block = scale_block if k_scale_block is None else k_scale_block
+    q, k = rotate(q), rotate(k)
   return (quantize_tokens(q, block=scale_block), quantize_tokens(k, block=k_block,
                                                                  valid=valid),
-          quantize_channels(v, valid=valid))
+          quantize_channels(pad(v), valid=valid))
 
 
 def _xla_backend(qf, kf, vf, *, out_dtype, return_lse, config, interpret, k_scale_block,
@@ -212,6 +226,7 @@ def flash_attention_fp8(
     use_hadamard: bool = True,
     scale_block: int = 1,
     k_scale_block: int | None = 256,
+    fused_quantize: bool = False,
     implementation: str | None = None,
     config: Any = None,
     interpret: bool | None = None,
@@ -225,16 +240,19 @@ def flash_attention_fp8(
   with per-``scale_block``-token scales for Q, per-``k_scale_block``-key scales for K (None:
   ``scale_block``; a multiple of the kernel's key block, as the default 256, lets it scale S
   per row only: see the module docstring), per-channel scales for V and the rotation
-  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation
-  runs in XLA before the kernel (one pass over Q, K, V). "mosaic" (Hopper) runs both matmuls
-  on the FP8 tensor cores; "xla" computes the same attention of the dequantised inputs in
-  float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU, else "xla".
+  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation runs in XLA before the
+  kernel (three passes over each of Q and K: ~0.29 ms at 2^25 elements a tensor on an H100);
+  ``fused_quantize`` does Q's and K's in one Pallas Triton pass each (``quantize_inputs``;
+  opt-in: tested in interpret mode and lowered, not yet run on a GPU). "mosaic" (Hopper) runs
+  both matmuls on the FP8 tensor cores; "xla" computes the same attention of the dequantised
+  inputs in float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU,
+  else "xla".
 
   Returns ``out [B, T, N, H]`` in q's dtype (and ``lse [B, N, T]`` float32). Forward only:
   differentiating through it raises NotImplementedError. The Mosaic kernel is tested in
   interpret mode and compiled on Hopper (``tests/pallas_attn/test_fp8.py``); the kernel is
-  faster than the bf16 forward on unmasked rows, the quantisation pass before it is not yet
-  fused (benchmarks/NOTES.md, session 25).
+  1.05-1.25x the bf16 forward on long rows, but end to end the quantisation pass outweighs
+  that on most rows (README; benchmarks/NOTES.md, session 25).
 
   Example:
     >>> out = flash_attention_fp8(q, k, v, causal=True)     # q, k, v bf16, as flash_attention
@@ -256,7 +274,8 @@ def flash_attention_fp8(
   q, k, v = (_forward_only(x) for x in (q, k, v))
   qf, kf, vf = quantize_inputs(q, k, v, use_hadamard=bool(use_hadamard),
                                scale_block=scale_block, k_scale_block=k_scale_block,
-                               kv_lengths=kv_lengths)
+                               kv_lengths=kv_lengths, fused=bool(fused_quantize),
+                               interpret=interpret)
   kwargs = dict(out_dtype=q.dtype, causal=bool(causal),
                 scale=h ** -0.5 if scale is None else float(scale),
                 window=None if window is None else tuple(

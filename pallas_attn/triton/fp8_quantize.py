@@ -1,0 +1,128 @@
+"""One pass of FP8 quantisation for Q and K: Hadamard rotation, amax and e4m3 codes together.
+
+``pallas_attn.fp8.quantize_inputs`` in XLA makes three passes over each of Q and K: the
+rotation (a dot that writes the rotated tensor), the amax per token (reads it) and the codes
+(reads it again, writes e4m3). At 2^25 elements a tensor that is ~300 MB of traffic against
+the ~100 MB of one pass that reads the 16-bit input and writes the codes. This Pallas Triton
+kernel is that one pass: each program loads ``block`` tokens x D of one head, rotates them on
+the tensor cores (the +-1 Hadamard matrix as a bf16 operand: exact products, float32 sums, as
+``fp8.hadamard`` does), takes the amax per token (or over the block: one scale per
+``block`` keys) and stores the codes and the scales.
+
+Semantics are those of ``fp8.quantize_tokens(fp8.hadamard(x).astype(x.dtype), block=...)``:
+the rotation rounded to the input's 16-bit dtype, ``scale = amax / 448`` (1 for an all-zero
+token or block), ``codes = clip(x / scale, -448, 448)`` in e4m3. Tokens at or past
+``lengths[b]`` are zeroed and do not count towards a block's amax.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+from jaxtyping import Array, Float, Int
+
+E4M3 = jnp.float8_e4m3fn
+E4M3_MAX = 448.0
+BLOCKS = (16, 32, 64, 128, 256)     # token rows per program: powers of two (Triton tiles)
+
+
+def _rotated(x_ref, signs_ref, rows, *, rotate: bool, inv_sqrt_d: float):
+  """Rows ``rows`` (a pl.ds) of the tile in float32, rotated with ``rotate``."""
+  x = x_ref[rows, :]                                               # [sub, D], 16-bit
+  if not rotate:
+    return x.astype(jnp.float32)
+  # x H / sqrt(D): +-1 entries make every product exact; the float32 sum is the rotation,
+  # rounded back to x's dtype as the XLA path does (fp8.quantize_inputs).
+  y = plgpu.dot(x, signs_ref[...]) * inv_sqrt_d
+  return y.astype(x.dtype).astype(jnp.float32)
+
+
+def _quantize_kernel(x_ref, signs_ref, len_ref, codes_ref, scale_ref, *, rotate: bool,
+                     per_block: bool, block: int, sub: int, inv_sqrt_d: float):
+  """One program: ``block`` tokens x D of one (batch, head), ``sub`` rows at a time (a
+  [256, 128] float32 tile would not fit the registers). With ``per_block`` the block's amax
+  takes a first pass (the rotation is recomputed in the second: the tile is in L1 / L2, and
+  the dot is ~1% of the tensor cores' time next to the pass's bytes)."""
+  start = pl.program_id(1) * block
+  length = len_ref[0]
+
+  def chunk(i):
+    rows = pl.ds(i * sub, sub)
+    y = _rotated(x_ref, signs_ref, rows, rotate=rotate, inv_sqrt_d=inv_sqrt_d)
+    valid = start + i * sub + jnp.arange(sub, dtype=jnp.int32) < length
+    return rows, jnp.where(valid[:, None], y, 0.0)
+
+  block_amax = None
+  if per_block:
+    block_amax = jnp.float32(0.0)
+    for i in range(block // sub):
+      block_amax = jnp.maximum(block_amax, jnp.max(jnp.max(jnp.abs(chunk(i)[1]), axis=1)))
+  for i in range(block // sub):
+    rows, y = chunk(i)
+    amax = (jnp.broadcast_to(block_amax, (sub,)) if per_block
+            else jnp.max(jnp.abs(y), axis=1))
+    scale = amax / E4M3_MAX
+    safe = jnp.where(scale > 0, scale, 1.0)
+    codes_ref[rows, :] = jnp.clip(y / safe[:, None], -E4M3_MAX, E4M3_MAX).astype(E4M3)
+    scale_ref[rows] = safe
+
+
+def supported(*, head_dim: int, dtype, scale_block: int) -> bool:
+  """Whether ``quantize`` serves these inputs: a power-of-two head dim of 16-256, a 16-bit
+  dtype, and one scale per token or per a power-of-two block of at most 256 tokens."""
+  return (head_dim in (16, 32, 64, 128, 256) and dtype in (jnp.bfloat16, jnp.float16)
+          and (scale_block == 1 or scale_block in BLOCKS))
+
+
+@functools.partial(jax.jit, static_argnames=("rotate", "scale_block", "interpret"))
+def quantize(x: Float[Array, "B L N D"], lengths: Int[Array, "B"] | None = None, *,
+             rotate: bool = True, scale_block: int = 1, interpret: bool = False):
+  """e4m3 codes and scales of x (rotated first with ``rotate``) in one pass: returns
+  ``(codes [B, L, N, D] float8_e4m3fn, scale [B, N, L] float32)``, as
+  ``fp8.quantize_tokens(fp8.hadamard(x).astype(x.dtype), block=scale_block, valid=...)``
+  with ``valid = arange(L) < lengths[b]`` (None: every token).
+
+  Raises NotImplementedError where ``supported`` says no (the caller falls back to XLA).
+
+  Example:
+    >>> codes, scale = quantize(k, kv_lengths, scale_block=256)    # k [B, S, K, 128] bf16
+  """
+  b, length, n, d = x.shape
+  if not supported(head_dim=d, dtype=x.dtype, scale_block=scale_block):
+    raise NotImplementedError(f"fused FP8 quantisation needs a 16-bit x with a power-of-two "
+                              f"head dim <= 256 and scale_block 1 or one of {BLOCKS}; got "
+                              f"{x.dtype}, D={d}, scale_block={scale_block}")
+  sub = max(16, min(64, 8192 // d, pl.next_power_of_2(length)))  # <= 64 float32 a thread
+  if scale_block > 1:           # a program holds one scale block, ``sub`` rows at a time
+    sub, block = min(sub, scale_block), scale_block
+  else:
+    block = sub
+  padded = -(-length // block) * block
+  if padded != length:          # Triton tiles do not mask a partial block: pad (a copy)
+    x = jnp.pad(x, ((0, 0), (0, padded - length), (0, 0), (0, 0)))
+  lens = (jnp.full((b,), length, jnp.int32) if lengths is None
+          else jnp.clip(lengths.astype(jnp.int32), 0, length))
+  signs = np.ones((1, 1), np.float32)
+  while signs.shape[0] < d:
+    signs = np.block([[signs, signs], [signs, -signs]])
+  kernel = functools.partial(_quantize_kernel, rotate=rotate, per_block=scale_block > 1,
+                             block=block, sub=sub,
+                             inv_sqrt_d=float(1.0 / np.sqrt(d)))
+  tile = pl.BlockSpec((None, block, None, d), lambda bi, li, ni: (bi, li, ni, 0))
+  codes, scale = pl.pallas_call(
+      kernel,
+      grid=(b, padded // block, n),
+      in_specs=[tile, pl.BlockSpec((d, d), lambda bi, li, ni: (0, 0)),
+                pl.BlockSpec((None, 1), lambda bi, li, ni: (bi, 0))],
+      out_specs=[tile, pl.BlockSpec((None, None, block), lambda bi, li, ni: (bi, ni, li))],
+      out_shape=[jax.ShapeDtypeStruct((b, padded, n, d), E4M3),
+                 jax.ShapeDtypeStruct((b, n, padded), jnp.float32)],
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="fp8_quantize",
+  )(x, jnp.asarray(signs, x.dtype), lens[:, None])
+  return codes[:, :length], scale[:, :, :length]
