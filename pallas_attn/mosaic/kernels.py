@@ -356,9 +356,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         if st.fp8:
           # S = (Q8 K8^T) * s_q s_k on the e4m3 codes (FA3 Section 3.3; the key scales came
           # with K). With c > 0 folded into the softmax's FMA, s_q > 0 joins c (c_i = c s_q,i).
-          if st.fp8_k_block:
-            # One key scale for the whole block (FA3's block quantisation): a factor per row,
-            # s_q,i s_k, instead of a multiply per logit.
+          if st.fp8_k_block:            # one key scale a block: a factor per row, s_q,i s_k
             row_scale = q_scale * kscale_smem[slot, 0]
           else:
             k_scale = plgpu.load(kscale_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
