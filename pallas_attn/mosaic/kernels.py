@@ -308,6 +308,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       batch, head, tile = coords(flat)
       q_start = tile * (nc * bq) + wg * bq
       plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_start, bq), head], q_smem, q_ready.at[wg])
+      if st.fp8:      # the rows' scales travel with Q (prefetched a tile ahead when persistent)
+        plgpu.copy_gmem_to_smem(qs_ref.at[batch, head, pl.ds(q_start, bq)], qscale_smem2.at[wg],
+                                q_ready.at[2 * nc + wg])
     load_q(cta)
 
     def tile_body(i, flat, base):
@@ -324,10 +327,8 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       q_scale = None
       if st.fp8:
-        # FP8: the rows' dequantisation scales (one per query row; equal within a block for
-        # FA3's block quantisation), folded into S below.
-        plgpu.copy_gmem_to_smem(qs_ref.at[batch, head, pl.ds(q_start, bq)], qscale_smem2.at[wg],
-                                q_ready.at[2 * nc + wg])
+        # FP8: the rows' dequantisation scales (one per query row), folded into S below; copied
+        # with Q by load_q (issued here, they cost a TMA round trip at every tile's start).
         plgpu.barrier_wait(q_ready.at[2 * nc + wg])
         q_scale = plgpu.load(qscale_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_wait(q_ready.at[wg])
