@@ -53,12 +53,13 @@ class Fp8Tensor(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _hadamard_matrix(d: int) -> np.ndarray:
-  """Sylvester's Hadamard matrix of order d (a power of two), divided by sqrt(d)."""
+def hadamard_signs(d: int) -> np.ndarray:
+  """Sylvester's Hadamard matrix of order d (a power of two): its +-1 entries, float32 (the
+  orthonormal rotation is this divided by sqrt(d))."""
   h = np.ones((1, 1), np.float32)
   while h.shape[0] < d:
     h = np.block([[h, h], [h, -h]])
-  return h / np.sqrt(d, dtype=np.float32)
+  return h
 
 
 def hadamard(x: Float[Array, "... D"]) -> Float[Array, "... D"]:
@@ -71,7 +72,7 @@ def hadamard(x: Float[Array, "... D"]) -> Float[Array, "... D"]:
   d = x.shape[-1]
   if d < 1 or d & (d - 1):
     raise ValueError(f"hadamard needs a power-of-two last axis, got {d}")
-  signs = _hadamard_matrix(d) * np.sqrt(d, dtype=np.float32)        # the +-1 entries
+  signs = hadamard_signs(d)
   if x.dtype in (jnp.bfloat16, jnp.float16):
     # 16-bit inputs times +-1 are exact products and the sum is float32, so one pass on the
     # tensor cores gives the float32 result; HIGHEST (float32 operands, several bf16 passes or

@@ -25,8 +25,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
-E4M3 = jnp.float8_e4m3fn
-E4M3_MAX = 448.0
+from pallas_attn.fp8 import E4M3, E4M3_MAX, hadamard_signs
+
 BLOCKS = (16, 32, 64, 128, 256)     # token rows per program: powers of two (Triton tiles)
 
 
@@ -106,9 +106,6 @@ def quantize(x: Float[Array, "B L N D"], lengths: Int[Array, "B"] | None = None,
     x = jnp.pad(x, ((0, 0), (0, padded - length), (0, 0), (0, 0)))
   lens = (jnp.full((b,), length, jnp.int32) if lengths is None
           else jnp.clip(lengths.astype(jnp.int32), 0, length))
-  signs = np.ones((1, 1), np.float32)
-  while signs.shape[0] < d:
-    signs = np.block([[signs, signs], [signs, -signs]])
   kernel = functools.partial(_quantize_kernel, rotate=rotate, per_block=scale_block > 1,
                              block=block, sub=sub,
                              inv_sqrt_d=float(1.0 / np.sqrt(d)))
@@ -124,5 +121,5 @@ def quantize(x: Float[Array, "B L N D"], lengths: Int[Array, "B"] | None = None,
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,
       name="fp8_quantize",
-  )(x, jnp.asarray(signs, x.dtype), lens[:, None])
+  )(x, jnp.asarray(hadamard_signs(d), x.dtype), lens[:, None])
   return codes[:, :length], scale[:, :, :length]
