@@ -100,14 +100,13 @@ def build(impl: str, causal: bool, h: int, q, k, v):
         fused_quantize=fused)), (q, k, v), as_f32
   if impl in ("fp8-kernel", "fp8-kernel-preg") or impl.startswith("fp8-kernel+"):
     from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
-    from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
     from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
     fields = parse_fields(impl.partition("+")[2].replace("+", ","))
     kb = int(fields.pop("k_scale_block", 256))    # not a Config field: the quantisation's
     qf, kf, vf = jax.jit(functools.partial(fp8.quantize_inputs, k_scale_block=kb))(q, k, v)
     fields.setdefault("fp8_p_registers", impl.endswith("preg"))
-    config = dataclasses.replace(default_config(head_dim=h, seq_k=q.shape[1], masked=causal),
-                                 **fields)
+    config = dataclasses.replace(mosaic_fp8.fp8_default_config(
+        head_dim=h, seq_k=q.shape[1], masked=causal), **fields)
     fn = functools.partial(mosaic_fp8.attention, out_dtype=q.dtype, causal=causal, scale=scale,
                            window=None, softcap=None, q_segment_ids=None, kv_segment_ids=None,
                            kv_lengths=None, return_lse=False, config=config,

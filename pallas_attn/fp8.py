@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = 448.0
 IMPLEMENTATIONS = ("mosaic", "xla")
+ROTATION_BLOCK = 128           # the rotation runs as blocks of this many columns (combine_blocks)
+FUSED_QUANTIZE_MAX_D = 128     # fused_quantize=None: the Triton pass up to this (padded) head dim
 
 
 class Fp8Tensor(NamedTuple):
@@ -72,17 +74,36 @@ def hadamard(x: Float[Array, "... D"]) -> Float[Array, "... D"]:
   d = x.shape[-1]
   if d < 1 or d & (d - 1):
     raise ValueError(f"hadamard needs a power-of-two last axis, got {d}")
-  signs = hadamard_signs(d)
+  r = min(d, ROTATION_BLOCK)
+  signs = hadamard_signs(r)
+  parts = [x[..., i * r:(i + 1) * r] for i in range(d // r)]
   if x.dtype in (jnp.bfloat16, jnp.float16):
     # 16-bit inputs times +-1 are exact products and the sum is float32, so one pass on the
     # tensor cores gives the float32 result; HIGHEST (float32 operands, several bf16 passes or
     # the CUDA cores) made this rotation most of the FP8 call's quantisation time on the H200.
-    y = jnp.einsum("...d,de->...e", x, jnp.asarray(signs, x.dtype),
-                   preferred_element_type=jnp.float32)
+    parts = [jnp.einsum("...d,de->...e", p, jnp.asarray(signs, x.dtype),
+                        preferred_element_type=jnp.float32) for p in parts]
   else:
-    y = jnp.einsum("...d,de->...e", x.astype(jnp.float32), jnp.asarray(signs),
-                   precision=jax.lax.Precision.HIGHEST)
+    parts = [jnp.einsum("...d,de->...e", p.astype(jnp.float32), jnp.asarray(signs),
+                        precision=jax.lax.Precision.HIGHEST) for p in parts]
+  y = jnp.concatenate(combine_blocks(parts), axis=-1) if len(parts) > 1 else parts[0]
   return y * np.float32(1.0 / np.sqrt(d))
+
+
+def combine_blocks(parts: list) -> list:
+  r"""Column blocks of :math:`x\mathcal{H}_d` from :math:`p_i = x_i \mathcal{H}_r` (x's i-th
+  block of r columns): Sylvester's matrix is a Kronecker product, :math:`\mathcal{H}_d =
+  \mathcal{H}_{d/r} \otimes \mathcal{H}_r`, so block j is :math:`\sum_i
+  (\mathcal{H}_{d/r})_{ij}\, p_i`, summed in order of i (the fused Triton pass adds in the
+  same order, so both round alike)."""
+  small = hadamard_signs(len(parts))
+  out = []
+  for j in range(len(parts)):
+    y = parts[0]
+    for i in range(1, len(parts)):
+      y = y + parts[i] if small[i, j] > 0 else y - parts[i]
+    out.append(y)
+  return out
 
 
 def _to_codes(x, scale):
@@ -227,7 +248,7 @@ def flash_attention_fp8(
     use_hadamard: bool = True,
     scale_block: int = 1,
     k_scale_block: int | None = 256,
-    fused_quantize: bool = False,
+    fused_quantize: bool | None = None,
     implementation: str | None = None,
     config: Any = None,
     interpret: bool | None = None,
@@ -241,10 +262,11 @@ def flash_attention_fp8(
   with per-``scale_block``-token scales for Q, per-``k_scale_block``-key scales for K (None:
   ``scale_block``; a multiple of the kernel's key block, as the default 256, lets it scale S
   per row only: see the module docstring), per-channel scales for V and the rotation
-  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation runs in XLA before the
-  kernel (three passes over each of Q and K: ~0.29 ms at 2^25 elements a tensor on an H100);
-  ``fused_quantize`` does Q's and K's in one Pallas Triton pass each (``quantize_inputs``;
-  opt-in: tested in interpret mode and lowered, not yet run on a GPU). "mosaic" (Hopper) runs
+  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation runs before the kernel:
+  ``fused_quantize`` does Q's and K's in one Pallas Triton pass each (``quantize_inputs``),
+  else XLA makes three passes over each; None (default) fuses on a GPU where the padded head
+  dim is <= 128 (H100, session 26: the overhead 0.29 -> 0.19 ms at 2^25 elements a tensor; at
+  H = 256 the fused pass was 3x slower than XLA's). "mosaic" (Hopper) runs
   both matmuls on the FP8 tensor cores; "xla" computes the same attention of the dequantised
   inputs in float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU,
   else "xla".
@@ -272,6 +294,10 @@ def flash_attention_fp8(
       raise ValueError(f"{name} must be a positive int, got {value!r}")
   k_scale_block = scale_block if k_scale_block is None else k_scale_block
   h = q.shape[-1]
+  on_gpu = jax.default_backend() == "gpu"
+  if fused_quantize is None:
+    d = 1 << max(h - 1, 0).bit_length() if use_hadamard else h
+    fused_quantize = on_gpu and not interpret and d <= FUSED_QUANTIZE_MAX_D
   q, k, v = (_forward_only(x) for x in (q, k, v))
   qf, kf, vf = quantize_inputs(q, k, v, use_hadamard=bool(use_hadamard),
                                scale_block=scale_block, k_scale_block=k_scale_block,
@@ -285,7 +311,6 @@ def flash_attention_fp8(
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 kv_lengths=kv_lengths, return_lse=return_lse, config=config,
                 k_scale_block=k_scale_block)
-  on_gpu = jax.default_backend() == "gpu"
   order = (implementation,) if implementation else (("mosaic", "xla") if on_gpu else ("xla",))
   errors = []
   for name in order:

@@ -13,10 +13,34 @@ output here, after the kernel.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from pallas_attn.mosaic import ops
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
+
+
+# Three consumer warpgroups (192 query rows a CTA) from this many keys at head dim 128: FP8's
+# 8-bit P leaves the registers a third consumer needs (bf16's 128-key step does not fit 160
+# a thread). H100, session 26 (benchmarks/results/fp8/2026-12-05_s26_three_consumers_h100.json,
+# the kernel alone, one process): 1x16384x16x128 full 2.579 -> 2.288 ms, causal 1.395 -> 1.327;
+# 2x8192 full 1.327 -> 1.227, causal 0.764 -> 0.756. At 4096 keys it was 4% faster unmasked and
+# slower causal (session 25), so shorter rows keep two; at H = 256 ptxas runs out of registers.
+THREE_CONSUMERS_FROM = 8192
+
+
+def fp8_default_config(*, head_dim: int, seq_k: int, masked: bool) -> Config:
+  """``default_config`` with the FP8 kernel's own measured choices (``THREE_CONSUMERS_FROM``).
+
+  Example:
+    >>> fp8_default_config(head_dim=128, seq_k=16384, masked=False).consumers
+    3
+  """
+  cfg = default_config(head_dim=head_dim, seq_k=seq_k, masked=masked)
+  if padded_head_dim(head_dim) == 128 and seq_k >= THREE_CONSUMERS_FROM:
+    cfg = dataclasses.replace(cfg, consumers=3)
+  return cfg
 
 
 def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale, window,
@@ -38,7 +62,7 @@ def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale
   b, t, n, h = q8.shape
   s, kh = k8.shape[1], k8.shape[2]
   if config is None:
-    cfg = default_config(head_dim=h, seq_k=s, masked=causal or window is not None)
+    cfg = fp8_default_config(head_dim=h, seq_k=s, masked=causal or window is not None)
   elif isinstance(config, Config):
     cfg = config
   else:

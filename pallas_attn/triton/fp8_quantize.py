@@ -25,20 +25,24 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
-from pallas_attn.fp8 import E4M3, E4M3_MAX, hadamard_signs
+from pallas_attn.fp8 import E4M3, E4M3_MAX, ROTATION_BLOCK, combine_blocks, hadamard_signs
 
 BLOCKS = (16, 32, 64, 128, 256)     # token rows per program: powers of two (Triton tiles)
 
 
-def _rotated(x_ref, signs_ref, rows, *, rotate: bool, inv_sqrt_d: float):
-  """Rows ``rows`` (a pl.ds) of the tile in float32, rotated with ``rotate``."""
-  x = x_ref[rows, :]                                               # [sub, D], 16-bit
+def _rotated(x_ref, signs, rows, *, r: int, rotate: bool, inv_sqrt_d: float):
+  """Rows ``rows`` (a pl.ds) of the tile in float32, rotated with ``rotate``, as a list of
+  column blocks of r (one block up to D = 128; ``fp8.combine_blocks``)."""
+  d = x_ref.shape[-1]
+  xs = [x_ref[rows, pl.ds(i * r, r)] for i in range(d // r)]           # [sub, r], 16-bit
   if not rotate:
-    return x.astype(jnp.float32)
+    return [x.astype(jnp.float32) for x in xs]
   # x H / sqrt(D): +-1 entries make every product exact; the float32 sum is the rotation,
-  # rounded back to x's dtype as the XLA path does (fp8.quantize_inputs).
-  y = plgpu.dot(x, signs_ref[...]) * inv_sqrt_d
-  return y.astype(x.dtype).astype(jnp.float32)
+  # rounded back to x's dtype as the XLA path does (fp8.quantize_inputs). H_256 = H_2 (x) H_128:
+  # two 128-column dots and their sum and difference, so the program holds a 32 KB matrix,
+  # not 128 KB.
+  ys = combine_blocks([plgpu.dot(x, signs) for x in xs])
+  return [(y * inv_sqrt_d).astype(xs[0].dtype).astype(jnp.float32) for y in ys]
 
 
 def _quantize_kernel(x_ref, signs_ref, len_ref, codes_ref, scale_ref, *, rotate: bool,
@@ -49,25 +53,34 @@ def _quantize_kernel(x_ref, signs_ref, len_ref, codes_ref, scale_ref, *, rotate:
   the dot is ~1% of the tensor cores' time next to the pass's bytes)."""
   start = pl.program_id(1) * block
   length = len_ref[0]
+  signs = signs_ref[...] if rotate else None          # loaded once per program
+  r = signs_ref.shape[0]
 
   def chunk(i):
     rows = pl.ds(i * sub, sub)
-    y = _rotated(x_ref, signs_ref, rows, rotate=rotate, inv_sqrt_d=inv_sqrt_d)
+    ys = _rotated(x_ref, signs, rows, r=r, rotate=rotate, inv_sqrt_d=inv_sqrt_d)
     valid = start + i * sub + jnp.arange(sub, dtype=jnp.int32) < length
-    return rows, jnp.where(valid[:, None], y, 0.0)
+    return rows, [jnp.where(valid[:, None], y, 0.0) for y in ys]
+
+  def row_amax(ys):
+    amax = jnp.max(jnp.abs(ys[0]), axis=1)
+    for y in ys[1:]:
+      amax = jnp.maximum(amax, jnp.max(jnp.abs(y), axis=1))
+    return amax
 
   block_amax = None
   if per_block:
     block_amax = jnp.float32(0.0)
     for i in range(block // sub):
-      block_amax = jnp.maximum(block_amax, jnp.max(jnp.max(jnp.abs(chunk(i)[1]), axis=1)))
+      block_amax = jnp.maximum(block_amax, jnp.max(row_amax(chunk(i)[1])))
   for i in range(block // sub):
-    rows, y = chunk(i)
-    amax = (jnp.broadcast_to(block_amax, (sub,)) if per_block
-            else jnp.max(jnp.abs(y), axis=1))
+    rows, ys = chunk(i)
+    amax = jnp.broadcast_to(block_amax, (sub,)) if per_block else row_amax(ys)
     scale = amax / E4M3_MAX
     safe = jnp.where(scale > 0, scale, 1.0)
-    codes_ref[rows, :] = jnp.clip(y / safe[:, None], -E4M3_MAX, E4M3_MAX).astype(E4M3)
+    for c, y in enumerate(ys):
+      codes_ref[rows, pl.ds(c * r, r)] = jnp.clip(y / safe[:, None], -E4M3_MAX,
+                                                  E4M3_MAX).astype(E4M3)
     scale_ref[rows] = safe
 
 
@@ -96,6 +109,7 @@ def quantize(x: Float[Array, "B L N D"], lengths: Int[Array, "B"] | None = None,
     raise NotImplementedError(f"fused FP8 quantisation needs a 16-bit x with a power-of-two "
                               f"head dim <= 256 and scale_block 1 or one of {BLOCKS}; got "
                               f"{x.dtype}, D={d}, scale_block={scale_block}")
+  r = min(d, ROTATION_BLOCK)
   sub = max(16, min(64, 8192 // d, pl.next_power_of_2(length)))  # <= 64 float32 a thread
   if scale_block > 1:           # a program holds one scale block, ``sub`` rows at a time
     sub, block = min(sub, scale_block), scale_block
@@ -113,7 +127,7 @@ def quantize(x: Float[Array, "B L N D"], lengths: Int[Array, "B"] | None = None,
   codes, scale = pl.pallas_call(
       kernel,
       grid=(b, padded // block, n),
-      in_specs=[tile, pl.BlockSpec((d, d), lambda bi, li, ni: (0, 0)),
+      in_specs=[tile, pl.BlockSpec((r, r), lambda bi, li, ni: (0, 0)),
                 pl.BlockSpec((None, 1), lambda bi, li, ni: (bi, 0))],
       out_specs=[tile, pl.BlockSpec((None, None, block), lambda bi, li, ni: (bi, ni, li))],
       out_shape=[jax.ShapeDtypeStruct((b, padded, n, d), E4M3),
@@ -121,5 +135,5 @@ def quantize(x: Float[Array, "B L N D"], lengths: Int[Array, "B"] | None = None,
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,
       name="fp8_quantize",
-  )(x, jnp.asarray(hadamard_signs(d), x.dtype), lens[:, None])
+  )(x, jnp.asarray(hadamard_signs(r), x.dtype), lens[:, None])
   return codes[:, :length], scale[:, :, :length]

@@ -221,6 +221,39 @@ def test_mosaic_fp8_key_block_scales_in_interpret_mode(k_block, per_block, monke
   assert _rel(out, _reference(q, k, v, **kw)) < 0.08
 
 
+def test_fp8_default_config_takes_three_consumers_on_long_h128_rows():
+  cfg = lambda h, s, masked=False: mosaic_fp8.fp8_default_config(head_dim=h, seq_k=s,
+                                                                 masked=masked)
+  assert cfg(128, 16384).consumers == 3 and cfg(128, 8192, masked=True).consumers == 3
+  assert cfg(128, 4096).consumers == 2 and cfg(128, 8191).consumers == 2
+  assert cfg(256, 16384).consumers == 2 and cfg(64, 16384).consumers == 2
+  assert cfg(100, 8192).consumers == 3               # padded to 128
+  # the rest is default_config's
+  assert dataclasses.replace(cfg(128, 16384), consumers=2) == default_config(
+      head_dim=128, seq_k=16384)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mosaic_fp8_three_consumers_in_interpret_mode(causal, monkeypatch):
+  """The default at H = 128 from 8192 keys: three consumers (192 query rows a CTA), here on a
+  short call with that config; the attention of the same codes as the xla backend."""
+  b, t, s, n, kh, h = 1, 400, 330, 2, 1, 128
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=12)
+  launched = []
+  body = kernels.fwd_kernel
+  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
+      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  config = mosaic_fp8.fp8_default_config(head_dim=h, seq_k=8192, masked=causal)
+  out, lse = fp8.flash_attention_fp8(q, k, v, causal=causal, implementation="mosaic",
+                                     interpret=True, return_lse=True, config=config)
+  # (the persistent launch is written for two consumers: three run the grid, ops._forward)
+  assert launched and all(st.consumers == 3 and not st.persistent for st in launched)
+  xla_out, xla_lse = fp8.flash_attention_fp8(q, k, v, causal=causal, implementation="xla",
+                                             return_lse=True)
+  np.testing.assert_allclose(np.asarray(lse), np.asarray(xla_lse), atol=1e-4)
+  assert _rel(out, xla_out) < 0.04
+
+
 def test_key_order_makes_the_register_regrouping_compute_p_v():
   """``Config.fp8_p_registers``'s index maths, simulated per thread from the two layouts' lane
   maps (jax.experimental.mosaic.gpu.fragmented_array): in each 16-key group the accumulator
@@ -335,5 +368,23 @@ def test_mosaic_fp8_per_key_scales_compiled(case):
   fin = np.isfinite(np.asarray(xla_lse))
   np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
   np.testing.assert_allclose(np.asarray(lse)[fin], np.asarray(xla_lse)[fin], atol=1e-3)
+  assert _rel(out, xla_out) < 0.04
+  assert _rel(out, _reference(x.q, x.k, x.v, **kw)) < 0.08
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in COMPILED_CASES if c.h == 128], ids=lambda c: c.id)
+def test_mosaic_fp8_three_consumers_compiled(case):
+  """Compiled with three consumers (the default at H = 128 from 8192 keys, forced here on
+  shorter rows): the same error budget, and within rounding of two consumers."""
+  x = H.make_inputs(case)
+  kw = dict(causal=case.causal, q_segment_ids=x.q_segment_ids,
+            kv_segment_ids=x.kv_segment_ids, kv_lengths=x.kv_lengths)
+  three = mosaic_fp8.fp8_default_config(head_dim=128, seq_k=8192, masked=case.causal)
+  assert three.consumers == 3
+  out = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", config=three, **kw)
+  two = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="mosaic", **kw)
+  xla_out = fp8.flash_attention_fp8(x.q, x.k, x.v, implementation="xla", **kw)
+  assert _rel(out, two) < 2e-3
   assert _rel(out, xla_out) < 0.04
   assert _rel(out, _reference(x.q, x.k, x.v, **kw)) < 0.08

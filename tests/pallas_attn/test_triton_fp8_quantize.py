@@ -29,7 +29,10 @@ def _xla(x, lengths, *, rotate, block):
     (1, 70, 2, 128, 64, False, (50,)),
     (2, 64, 1, 32, 1, True, (64, 0)),              # an empty row: scale 1, codes 0
     (1, 40, 1, 256, 16, True, None),
-], ids=["token_h64", "block256_len", "block64_norotate", "h32_empty", "h256_block16"])
+    (2, 90, 2, 256, 1, True, (90, 41)),            # H_256 as two 128-column blocks, per token
+    (1, 50, 1, 256, 1, False, None),
+], ids=["token_h64", "block256_len", "block64_norotate", "h32_empty", "h256_block16",
+        "h256_token_len", "h256_norotate"])
 def test_fused_pass_matches_xla_in_interpret_mode(b, l, n, d, block, rotate, lengths):
   x = _inputs(b, l, n, d, seed=l + d)
   lens = None if lengths is None else jnp.array(lengths, jnp.int32)
@@ -96,11 +99,12 @@ def test_lowers_to_triton_for_h200(d, block):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block,lengths", [(1, None), (256, (1000, 555))])
-def test_fused_pass_compiled(block, lengths):
+@pytest.mark.parametrize("d,block,lengths", [(128, 1, None), (128, 256, (1000, 555)),
+                                            (256, 1, (1000, 700)), (256, 256, None)])
+def test_fused_pass_compiled(d, block, lengths):
   """Compiled: the scales agree to the bf16 rounding of a block's amax and the codes, as
   values, to one e4m3 step (2^-3 relative) wherever they differ at all, which is rare."""
-  x = _inputs(2, 1000, 4, 128, seed=7)
+  x = _inputs(2, 1000, 4, d, seed=7)
   lens = None if lengths is None else jnp.array(lengths, jnp.int32)
   codes, scale = fq.quantize(x, lens, scale_block=block)
   ref = _xla(x, lens, rotate=True, block=block)
