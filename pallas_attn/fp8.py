@@ -26,6 +26,7 @@ accumulation stay float32. Forward only: gradients raise NotImplementedError (tr
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -152,6 +153,37 @@ def dequantize(x: Fp8Tensor, *, per: str) -> jax.Array:
   return x.codes.astype(jnp.float32) * scale
 
 
+def _padded_dim(h: int, use_hadamard: bool) -> int:
+  """The head dim the codes have: a power of two for the rotation, else h."""
+  return 1 << max(h - 1, 0).bit_length() if use_hadamard else h
+
+
+def _pad(x, d: int):
+  h = x.shape[-1]
+  return x if d == h else jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, d - h)))
+
+
+def _quantize_rows(x, lengths, *, rotate: bool, d: int, block: int, fused: bool,
+                   interpret: bool | None) -> Fp8Tensor:
+  """Q or K: padded to d, rotated with ``rotate``, quantised per ``block`` tokens; tokens at or
+  past ``lengths`` (clipped, or None) zeroed. ``fused``: one Pallas Triton pass where it serves
+  x (``pallas_attn.triton.fp8_quantize``: the same codes), else XLA."""
+  x = _pad(x, d)
+  if fused:
+    from pallas_attn.triton import fp8_quantize as fq   # pylint: disable=import-outside-toplevel
+    if fq.supported(head_dim=d, dtype=x.dtype, scale_block=block):
+      return Fp8Tensor(*fq.quantize(
+          x, lengths, rotate=rotate, scale_block=block,
+          interpret=jax.default_backend() != "gpu" if interpret is None else bool(interpret)))
+  if rotate:
+    # The rotation's float32 result goes back to a 16-bit input's dtype: e4m3 keeps 3 of
+    # bf16's 8 mantissa bits, so the double rounding costs nothing measurable, and the
+    # quantisation pass reads 2 bytes an element instead of 4 (twice: amax, then codes).
+    x = hadamard(x).astype(x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32)
+  valid = None if lengths is None else jnp.arange(x.shape[1])[None, :] < lengths[:, None]
+  return quantize_tokens(x, block=block, valid=valid)
+
+
 def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
                     k_scale_block: int | None = 256, kv_lengths=None, fused: bool = False,
                     interpret: bool | None = None) -> tuple[Fp8Tensor, Fp8Tensor, Fp8Tensor]:
@@ -161,35 +193,78 @@ def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
   zeroed. ``fused``: Q and K each in one Pallas Triton pass (rotation, amax and codes
   together, ``pallas_attn.triton.fp8_quantize``; the same codes), where it serves them (16-bit
   inputs, blocks of 1 or a power of two up to 256), else XLA; ``interpret`` None: on a CPU."""
-  h = q.shape[-1]
-  d = 1 << max(h - 1, 0).bit_length() if use_hadamard else h
-  pad = lambda x: x if d == h else jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, d - h)))
-  k_block = scale_block if k_scale_block is None else k_scale_block
+  d = _padded_dim(q.shape[-1], use_hadamard)
+  qf = _quantize_rows(q, None, rotate=bool(use_hadamard), d=d, block=scale_block,
+                      fused=fused, interpret=interpret)
+  kv = quantize_kv(k, v, use_hadamard=use_hadamard,
+                   k_scale_block=scale_block if k_scale_block is None else k_scale_block,
+                   kv_lengths=kv_lengths, fused=fused, interpret=interpret)
+  return qf, kv.k, kv.v
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("k", "v"),
+                   meta_fields=("head_dim", "rotated", "k_scale_block"))
+@dataclasses.dataclass(frozen=True)
+class QuantizedKV:
+  """K and V in e4m3, quantised once (``quantize_kv``) for many ``flash_attention_fp8_kv``
+  calls: a prompt's keys and values reused across queries, cross-attention's memory. A pytree
+  (it passes through ``jax.jit``); ``head_dim`` (before padding), ``rotated`` and
+  ``k_scale_block`` are static.
+
+  k: codes [B, S, K, D] (rotated by the Hadamard matrix when ``rotated``) and scale [B, K, S];
+  v: codes [B, S, K, D] and scale [B, K, D] (per channel). D: head_dim, padded to a power of
+  two when rotated."""
+  k: Fp8Tensor
+  v: Fp8Tensor
+  head_dim: int
+  rotated: bool
+  k_scale_block: int
+
+
+def quantize_kv(k: Float[Array, "B S K H"], v: Float[Array, "B S K H"], *,
+                use_hadamard: bool = True, k_scale_block: int = 256,
+                kv_lengths: Int[Array, "B"] | None = None, fused: bool | None = None,
+                interpret: bool | None = None) -> QuantizedKV:
+  r"""K and V for ``flash_attention_fp8_kv``, quantised once: :math:`K' = \mathrm{q8}(K
+  \mathcal{H})` with one scale per ``k_scale_block`` keys (a multiple of the kernel's key
+  block, as the default 256, lets the kernel scale S per row only) and :math:`V' =
+  \mathrm{q8}(V)` with one scale per channel over the keys. Keys at or past ``kv_lengths`` are
+  zeroed and do not count towards any scale (pass the same ``kv_lengths`` to the attention).
+  ``fused`` (None: on a GPU up to head dim 128): K's rotation, amax and codes in one Pallas
+  Triton pass.
+
+  The scales span many keys (V's all of them), so appending keys later means quantising again.
+
+  Example:
+    >>> kv = quantize_kv(k, v)                       # once
+    >>> out = flash_attention_fp8_kv(q, kv)          # per query block, Q quantised per call
+  """
+  for name, x in (("k", k), ("v", v)):
+    if getattr(x, "ndim", None) != 4:
+      raise ValueError(f"{name} must be rank 4 [B, S, K, H], got shape "
+                       f"{getattr(x, 'shape', type(x))}")
+  if k.shape != v.shape:
+    raise ValueError(f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+  if not isinstance(k_scale_block, int) or isinstance(k_scale_block, bool) or k_scale_block < 1:
+    raise ValueError(f"k_scale_block must be a positive int, got {k_scale_block!r}")
+  h = k.shape[-1]
+  d = _padded_dim(h, bool(use_hadamard))
+  fused = _fuse(fused, d, interpret)
   lengths = None if kv_lengths is None else jnp.clip(kv_lengths, 0, k.shape[1])
   valid = None if lengths is None else jnp.arange(k.shape[1])[None, :] < lengths[:, None]
-  fq = None
-  if fused:
-    from pallas_attn.triton import fp8_quantize as fq   # pylint: disable=import-outside-toplevel
-    if not all(fq.supported(head_dim=d, dtype=x.dtype, scale_block=blk)
-               for x, blk in ((q, scale_block), (k, k_block))):
-      fq = None
-  if fq is not None:
-    run = functools.partial(fq.quantize, rotate=bool(use_hadamard),
-                            interpret=jax.default_backend() != "gpu" if interpret is None
-                            else bool(interpret))
-    qf = Fp8Tensor(*run(pad(q), scale_block=scale_block))
-    kf = Fp8Tensor(*run(pad(k), lengths, scale_block=k_block))
-    return qf, kf, quantize_channels(pad(v), valid=valid)
-  if use_hadamard:
-    # The rotation's float32 result goes back to a 16-bit input's dtype: e4m3 keeps 3 of
-    # bf16's 8 mantissa bits, so the double rounding costs nothing measurable, and the
-    # quantisation pass reads 2 bytes an element instead of 4 (twice: amax, then codes).
-    rotate = lambda x: hadamard(pad(x)).astype(
-        x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32)
-    q, k = rotate(q), rotate(k)
-  return (quantize_tokens(q, block=scale_block), quantize_tokens(k, block=k_block,
-                                                                 valid=valid),
-          quantize_channels(pad(v), valid=valid))
+  kf = _quantize_rows(k, lengths, rotate=bool(use_hadamard), d=d, block=k_scale_block,
+                      fused=fused, interpret=interpret)
+  return QuantizedKV(k=kf, v=quantize_channels(_pad(v, d), valid=valid), head_dim=h,
+                     rotated=bool(use_hadamard), k_scale_block=k_scale_block)
+
+
+def _fuse(fused: bool | None, d: int, interpret: bool | None) -> bool:
+  """``fused_quantize`` None: the Triton pass on a GPU, not in interpret mode, up to
+  ``FUSED_QUANTIZE_MAX_D`` (H100, session 26: overhead 0.29 -> 0.19 ms at 2^25 elements a
+  tensor, H = 64 / 128; the first form was 3x slower than XLA's at H = 256)."""
+  if fused is not None:
+    return bool(fused)
+  return jax.default_backend() == "gpu" and not interpret and d <= FUSED_QUANTIZE_MAX_D
 
 
 def _xla_backend(qf, kf, vf, *, out_dtype, return_lse, config, interpret, k_scale_block,
@@ -284,39 +359,97 @@ def flash_attention_fp8(
   api.check_inputs(q, k, v, scale=scale, window=window, softcap=softcap,
                    q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                    kv_lengths=kv_lengths, implementation=None)
-  if implementation is not None and implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None, "
-                     f"got {implementation!r}")
+  _check_blocks(scale_block=scale_block, k_scale_block=k_scale_block)
+  k_scale_block = scale_block if k_scale_block is None else k_scale_block
+  d = _padded_dim(q.shape[-1], bool(use_hadamard))
+  fused = _fuse(fused_quantize, d, interpret)
+  q, k, v = (_forward_only(x) for x in (q, k, v))
+  qf = _quantize_rows(q, None, rotate=bool(use_hadamard), d=d, block=scale_block, fused=fused,
+                      interpret=interpret)
+  kv = quantize_kv(k, v, use_hadamard=bool(use_hadamard), k_scale_block=k_scale_block,
+                   kv_lengths=kv_lengths, fused=fused, interpret=interpret)
+  return _attend(qf, kv, out_dtype=q.dtype, causal=causal, scale=scale, window=window,
+                 softcap=softcap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                 kv_lengths=kv_lengths, return_lse=return_lse, implementation=implementation,
+                 config=config, interpret=interpret)
+
+
+def flash_attention_fp8_kv(
+    q: Float[Array, "B T N H"],
+    kv: QuantizedKV,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
+    q_segment_ids: Int[Array, "B T"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None,
+    kv_lengths: Int[Array, "B"] | None = None,
+    return_lse: bool = False,
+    scale_block: int = 1,
+    fused_quantize: bool | None = None,
+    implementation: str | None = None,
+    config: Any = None,
+    interpret: bool | None = None,
+):
+  r"""``flash_attention_fp8`` with K and V quantised beforehand (``quantize_kv``): only Q is
+  quantised per call (rotated as K was, per ``scale_block`` tokens), so a prompt's keys and
+  values, or cross-attention's memory, pay their quantisation once. The arguments and the
+  result are ``flash_attention_fp8``'s; ``kv_lengths`` should be the one ``kv`` was quantised
+  with (keys past it were zeroed there and are masked here).
+
+  Example:
+    >>> kv = quantize_kv(k, v)                               # k, v bf16 [B, S, K, H], once
+    >>> out = flash_attention_fp8_kv(q, kv, causal=True)     # q bf16 [B, T, N, H], per call
+  """
+  if not isinstance(kv, QuantizedKV):
+    raise ValueError(f"kv must be a QuantizedKV (from quantize_kv), got {type(kv).__name__}")
+  b, s, kh, _ = kv.k.codes.shape
+  shape = jax.ShapeDtypeStruct((b, s, kh, kv.head_dim), getattr(q, "dtype", jnp.float32))
+  api.check_inputs(q, shape, shape, scale=scale, window=window, softcap=softcap,
+                   q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                   kv_lengths=kv_lengths, implementation=None)
+  _check_blocks(scale_block=scale_block, k_scale_block=kv.k_scale_block)
+  d = kv.k.codes.shape[-1]
+  qf = _quantize_rows(_forward_only(q), None, rotate=kv.rotated, d=d, block=scale_block,
+                      fused=_fuse(fused_quantize, d, interpret), interpret=interpret)
+  return _attend(qf, kv, out_dtype=q.dtype, causal=causal, scale=scale, window=window,
+                 softcap=softcap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                 kv_lengths=kv_lengths, return_lse=return_lse, implementation=implementation,
+                 config=config, interpret=interpret)
+
+
+def _check_blocks(*, scale_block, k_scale_block):
   for name, value in (("scale_block", scale_block), ("k_scale_block", k_scale_block)):
     if name == "k_scale_block" and value is None:
       continue
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"{name} must be a positive int, got {value!r}")
-  k_scale_block = scale_block if k_scale_block is None else k_scale_block
-  h = q.shape[-1]
-  on_gpu = jax.default_backend() == "gpu"
-  if fused_quantize is None:
-    d = 1 << max(h - 1, 0).bit_length() if use_hadamard else h
-    fused_quantize = on_gpu and not interpret and d <= FUSED_QUANTIZE_MAX_D
-  q, k, v = (_forward_only(x) for x in (q, k, v))
-  qf, kf, vf = quantize_inputs(q, k, v, use_hadamard=bool(use_hadamard),
-                               scale_block=scale_block, k_scale_block=k_scale_block,
-                               kv_lengths=kv_lengths, fused=bool(fused_quantize),
-                               interpret=interpret)
-  kwargs = dict(out_dtype=q.dtype, causal=bool(causal),
+
+
+def _attend(qf: Fp8Tensor, kv: QuantizedKV, *, out_dtype, causal, scale, window, softcap,
+            q_segment_ids, kv_segment_ids, kv_lengths, return_lse, implementation, config,
+            interpret):
+  """The attention of quantised inputs on the first backend that serves it."""
+  if implementation is not None and implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None, "
+                     f"got {implementation!r}")
+  h = kv.head_dim
+  kwargs = dict(out_dtype=out_dtype, causal=bool(causal),
                 scale=h ** -0.5 if scale is None else float(scale),
                 window=None if window is None else tuple(
                     None if w is None else int(w) for w in window),
                 softcap=None if softcap is None else float(softcap),
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 kv_lengths=kv_lengths, return_lse=return_lse, config=config,
-                k_scale_block=k_scale_block)
+                k_scale_block=kv.k_scale_block)
+  on_gpu = jax.default_backend() == "gpu"
   order = (implementation,) if implementation else (("mosaic", "xla") if on_gpu else ("xla",))
   errors = []
   for name in order:
     run = _mosaic_backend if name == "mosaic" else _xla_backend
     try:
-      res = run(qf, kf, vf, interpret=(not on_gpu) if interpret is None else interpret,
+      res = run(qf, kv.k, kv.v, interpret=(not on_gpu) if interpret is None else interpret,
                 **kwargs)
     except NotImplementedError as e:
       if implementation is not None:

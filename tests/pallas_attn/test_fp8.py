@@ -8,6 +8,7 @@ another ~2% against the same attention computed in float32 from the same codes. 
 below leave ~2x margin.
 """
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +151,67 @@ def test_fp8_rejects_bad_arguments_and_gradients():
     fp8.flash_attention_fp8(q, k, v[:, :8])
   with pytest.raises(NotImplementedError, match="forward only"):
     jax.grad(lambda q: fp8.flash_attention_fp8(q, k, v, implementation="xla").sum())(q)
+
+
+@pytest.mark.parametrize("h,use_hadamard,k_block", [(64, True, 256), (48, True, 1),
+                                                     (64, False, 16)])
+def test_quantized_kv_gives_the_same_attention(h, use_hadamard, k_block):
+  """K and V quantised once (``quantize_kv``) then attended by ``flash_attention_fp8_kv``:
+  bitwise the one-call ``flash_attention_fp8`` with the same settings (the same codes), through
+  jit (QuantizedKV is a pytree with static settings) and with ragged kv_lengths."""
+  b, t, s, n, kh = 2, 40, 70, 4, 2
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=31)
+  lens = jnp.array([70, 33])
+  kv = jax.jit(functools.partial(fp8.quantize_kv, use_hadamard=use_hadamard,
+                                 k_scale_block=k_block))(k, v, kv_lengths=lens)
+  d = 64 if use_hadamard else h
+  assert kv.k.codes.shape == (b, s, kh, d) and kv.k.codes.dtype == jnp.float8_e4m3fn
+  assert kv.k.scale.shape == (b, kh, s) and kv.v.scale.shape == (b, kh, d)
+  assert kv.head_dim == h and kv.rotated == use_hadamard and kv.k_scale_block == k_block
+  kw = dict(causal=True, kv_lengths=lens, implementation="xla", return_lse=True)
+  out, lse = jax.jit(lambda q, kv: fp8.flash_attention_fp8_kv(q, kv, **kw))(q, kv)
+  ref_out, ref_lse = fp8.flash_attention_fp8(q, k, v, use_hadamard=use_hadamard,
+                                             k_scale_block=k_block, **kw)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref_out, np.float32))
+  np.testing.assert_array_equal(np.asarray(lse), np.asarray(ref_lse))
+  assert _rel(out, _reference(q, k, v, causal=True, kv_lengths=lens)) < 0.06
+
+
+def test_quantized_kv_in_interpret_mode(monkeypatch):
+  """The Mosaic kernel on a QuantizedKV: one K scale a kernel block (the default 256 keys)."""
+  b, t, s, n, kh, h = 1, 130, 300, 2, 1, 128
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=32)
+  launched = []
+  body = kernels.fwd_kernel
+  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
+      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  kv = fp8.quantize_kv(k, v)
+  out = fp8.flash_attention_fp8_kv(q, kv, implementation="mosaic", interpret=True)
+  assert launched and all(st.fp8 and st.fp8_k_block for st in launched)
+  xla = fp8.flash_attention_fp8_kv(q, kv, implementation="xla")
+  assert _rel(out, xla) < 0.04
+
+
+def test_quantized_kv_rejects_bad_arguments():
+  q, k, v = H.qkv_inputs(1, 16, 16, 2, 1, 64)
+  kv = fp8.quantize_kv(k, v)
+  with pytest.raises(ValueError, match="kv must be a QuantizedKV"):
+    fp8.flash_attention_fp8_kv(q, (k, v))
+  with pytest.raises(ValueError, match="head dim"):
+    fp8.flash_attention_fp8_kv(q[..., :32], kv)
+  with pytest.raises(ValueError, match="batch"):
+    fp8.flash_attention_fp8_kv(jnp.concatenate([q, q]), kv)
+  with pytest.raises(ValueError, match="scale_block"):
+    fp8.flash_attention_fp8_kv(q, kv, scale_block=0)
+  with pytest.raises(ValueError, match="k_scale_block"):
+    fp8.quantize_kv(k, v, k_scale_block=0)
+  with pytest.raises(ValueError, match="same shape"):
+    fp8.quantize_kv(k, v[:, :8])
+  with pytest.raises(ValueError, match="rank 4"):
+    fp8.quantize_kv(k[0], v[0])
+  with pytest.raises(NotImplementedError, match="forward only"):
+    jax.grad(lambda q: fp8.flash_attention_fp8_kv(q, kv, implementation="xla").sum())(q)
 
 
 def test_mosaic_declines_off_hopper_without_interpret():
@@ -388,3 +450,17 @@ def test_mosaic_fp8_three_consumers_compiled(case):
   assert _rel(out, two) < 2e-3
   assert _rel(out, xla_out) < 0.04
   assert _rel(out, _reference(x.q, x.k, x.v, **kw)) < 0.08
+
+
+@pytest.mark.gpu
+def test_quantized_kv_compiled():
+  """Compiled: a QuantizedKV through the Mosaic kernel, bitwise the one-call form (the same
+  codes; fused quantisation in both by default at H = 128)."""
+  case = COMPILED_CASES[1]
+  x = H.make_inputs(case)
+  kv = jax.jit(fp8.quantize_kv)(x.k, x.v)
+  out = jax.jit(lambda q, kv: fp8.flash_attention_fp8_kv(q, kv, causal=True,
+                                                         implementation="mosaic"))(x.q, kv)
+  ref = fp8.flash_attention_fp8(x.q, x.k, x.v, causal=True, implementation="mosaic")
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+  assert _rel(out, _reference(x.q, x.k, x.v, causal=True)) < 0.08
