@@ -45,7 +45,6 @@ E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = 448.0
 IMPLEMENTATIONS = ("mosaic", "xla")
 ROTATION_BLOCK = 128           # the rotation runs as blocks of this many columns (combine_blocks)
-FUSED_QUANTIZE_MAX_D = 128     # fused_quantize=None: the Triton pass up to this (padded) head dim
 
 
 class Fp8Tensor(NamedTuple):
@@ -223,15 +222,15 @@ class QuantizedKV:
 
 def quantize_kv(k: Float[Array, "B S K H"], v: Float[Array, "B S K H"], *,
                 use_hadamard: bool = True, k_scale_block: int = 256,
-                kv_lengths: Int[Array, "B"] | None = None, fused: bool | None = None,
+                kv_lengths: Int[Array, "B"] | None = None, fused: bool = False,
                 interpret: bool | None = None) -> QuantizedKV:
   r"""K and V for ``flash_attention_fp8_kv``, quantised once: :math:`K' = \mathrm{q8}(K
   \mathcal{H})` with one scale per ``k_scale_block`` keys (a multiple of the kernel's key
   block, as the default 256, lets the kernel scale S per row only) and :math:`V' =
   \mathrm{q8}(V)` with one scale per channel over the keys. Keys at or past ``kv_lengths`` are
   zeroed and do not count towards any scale (pass the same ``kv_lengths`` to the attention).
-  ``fused`` (None: on a GPU up to head dim 128): K's rotation, amax and codes in one Pallas
-  Triton pass.
+  ``fused``: K's rotation, amax and codes in one Pallas Triton pass (opt-in: see
+  ``flash_attention_fp8``'s ``fused_quantize``).
 
   The scales span many keys (V's all of them), so appending keys later means quantising again.
 
@@ -249,22 +248,12 @@ def quantize_kv(k: Float[Array, "B S K H"], v: Float[Array, "B S K H"], *,
     raise ValueError(f"k_scale_block must be a positive int, got {k_scale_block!r}")
   h = k.shape[-1]
   d = _padded_dim(h, bool(use_hadamard))
-  fused = _fuse(fused, d, interpret)
   lengths = None if kv_lengths is None else jnp.clip(kv_lengths, 0, k.shape[1])
   valid = None if lengths is None else jnp.arange(k.shape[1])[None, :] < lengths[:, None]
   kf = _quantize_rows(k, lengths, rotate=bool(use_hadamard), d=d, block=k_scale_block,
                       fused=fused, interpret=interpret)
   return QuantizedKV(k=kf, v=quantize_channels(_pad(v, d), valid=valid), head_dim=h,
                      rotated=bool(use_hadamard), k_scale_block=k_scale_block)
-
-
-def _fuse(fused: bool | None, d: int, interpret: bool | None) -> bool:
-  """``fused_quantize`` None: the Triton pass on a GPU, not in interpret mode, up to
-  ``FUSED_QUANTIZE_MAX_D`` (H100, session 26: overhead 0.29 -> 0.19 ms at 2^25 elements a
-  tensor, H = 64 / 128; the first form was 3x slower than XLA's at H = 256)."""
-  if fused is not None:
-    return bool(fused)
-  return jax.default_backend() == "gpu" and not interpret and d <= FUSED_QUANTIZE_MAX_D
 
 
 def _xla_backend(qf, kf, vf, *, out_dtype, return_lse, config, interpret, k_scale_block,
@@ -323,7 +312,7 @@ def flash_attention_fp8(
     use_hadamard: bool = True,
     scale_block: int = 1,
     k_scale_block: int | None = 256,
-    fused_quantize: bool | None = None,
+    fused_quantize: bool = False,
     implementation: str | None = None,
     config: Any = None,
     interpret: bool | None = None,
@@ -337,20 +326,22 @@ def flash_attention_fp8(
   with per-``scale_block``-token scales for Q, per-``k_scale_block``-key scales for K (None:
   ``scale_block``; a multiple of the kernel's key block, as the default 256, lets it scale S
   per row only: see the module docstring), per-channel scales for V and the rotation
-  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation runs before the kernel:
-  ``fused_quantize`` does Q's and K's in one Pallas Triton pass each (``quantize_inputs``),
-  else XLA makes three passes over each; None (default) fuses on a GPU where the padded head
-  dim is <= 128 (H100, session 26: the overhead 0.29 -> 0.19 ms at 2^25 elements a tensor; at
-  H = 256 the fused pass was 3x slower than XLA's). "mosaic" (Hopper) runs
-  both matmuls on the FP8 tensor cores; "xla" computes the same attention of the dequantised
-  inputs in float32 (the kernel also rounds P to e4m3). None picks "mosaic" on a Hopper GPU,
-  else "xla".
+  :math:`\mathcal{H}` only with ``use_hadamard``. The quantisation runs before the kernel, in
+  XLA (three passes over each of Q and K), or with ``fused_quantize`` in one Pallas Triton
+  pass each (``quantize_inputs``): on an H100 that took the end-to-end overhead from
+  0.28-0.31 to 0.18-0.19 ms at 2^25 elements a tensor, but it stays opt-in because a GPU hang
+  was seen with it (``flash_attention_fp8_kv`` at 16x1024x16x128, session 26;
+  benchmarks/NOTES.md). "mosaic" (Hopper) runs both matmuls on the FP8 tensor cores; "xla"
+  computes the same attention of the dequantised inputs in float32 (the kernel also rounds P
+  to e4m3). None picks "mosaic" on a Hopper GPU, else "xla".
 
   Returns ``out [B, T, N, H]`` in q's dtype (and ``lse [B, N, T]`` float32). Forward only:
   differentiating through it raises NotImplementedError. The Mosaic kernel is tested in
-  interpret mode and compiled on Hopper (``tests/pallas_attn/test_fp8.py``); the kernel is
-  1.05-1.25x the bf16 forward on long rows, but end to end the quantisation pass outweighs
-  that on most rows (README; benchmarks/NOTES.md, session 25).
+  interpret mode and compiled on Hopper (``tests/pallas_attn/test_fp8.py``). Speed (H100,
+  session 26, one process): the kernel is 1.05-1.4x our bf16 forward on long rows
+  (1x16384x16x128 full 2.29 against 3.24 ms); end to end with XLA's quantisation 1.28x there
+  but 0.82x at 4x4096x16x128. Where K and V are reused across calls, quantise them once
+  (``quantize_kv``, ``flash_attention_fp8_kv``).
 
   Example:
     >>> out = flash_attention_fp8(q, k, v, causal=True)     # q, k, v bf16, as flash_attention
@@ -362,7 +353,7 @@ def flash_attention_fp8(
   _check_blocks(scale_block=scale_block, k_scale_block=k_scale_block)
   k_scale_block = scale_block if k_scale_block is None else k_scale_block
   d = _padded_dim(q.shape[-1], bool(use_hadamard))
-  fused = _fuse(fused_quantize, d, interpret)
+  fused = bool(fused_quantize)
   q, k, v = (_forward_only(x) for x in (q, k, v))
   qf = _quantize_rows(q, None, rotate=bool(use_hadamard), d=d, block=scale_block, fused=fused,
                       interpret=interpret)
@@ -387,7 +378,7 @@ def flash_attention_fp8_kv(
     kv_lengths: Int[Array, "B"] | None = None,
     return_lse: bool = False,
     scale_block: int = 1,
-    fused_quantize: bool | None = None,
+    fused_quantize: bool = False,
     implementation: str | None = None,
     config: Any = None,
     interpret: bool | None = None,
@@ -412,7 +403,7 @@ def flash_attention_fp8_kv(
   _check_blocks(scale_block=scale_block, k_scale_block=kv.k_scale_block)
   d = kv.k.codes.shape[-1]
   qf = _quantize_rows(_forward_only(q), None, rotate=kv.rotated, d=d, block=scale_block,
-                      fused=_fuse(fused_quantize, d, interpret), interpret=interpret)
+                      fused=bool(fused_quantize), interpret=interpret)
   return _attend(qf, kv, out_dtype=q.dtype, causal=causal, scale=scale, window=window,
                  softcap=softcap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                  kv_lengths=kv_lengths, return_lse=return_lse, implementation=implementation,

@@ -455,7 +455,7 @@ def test_mosaic_fp8_three_consumers_compiled(case):
 @pytest.mark.gpu
 def test_quantized_kv_compiled():
   """Compiled: a QuantizedKV through the Mosaic kernel, bitwise the one-call form (the same
-  codes; fused quantisation in both by default at H = 128)."""
+  codes)."""
   case = COMPILED_CASES[1]
   x = H.make_inputs(case)
   kv = jax.jit(fp8.quantize_kv)(x.k, x.v)
