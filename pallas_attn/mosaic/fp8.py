@@ -8,8 +8,8 @@ K-major operands only, so V comes in transposed ([B, K, H, S]: the contraction o
 the keys, is then the fastest axis). An e4m3 A operand in registers needs the 8-bit wgmma
 register layout, which Mosaic GPU does not convert the accumulator's layout to;
 ``Config.fp8_p_registers`` (the default) regroups P's registers instead and permutes V's keys
-to match; with it off, P goes through shared memory. V's per-channel scales multiply the
-output here, after the kernel.
+to match; with it off, P goes through shared memory. V's per-channel scales multiply O in the
+kernel's epilogue (one multiply per output element, in float32 before the 16-bit store).
 """
 from __future__ import annotations
 
@@ -59,8 +59,7 @@ def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale
   hp = padded_head_dim(q8.shape[-1])
   if not interpret and not ops._on_hopper():                      # pylint: disable=protected-access
     raise NotImplementedError("mosaic FP8 attention needs a Hopper GPU (sm90) or interpret=True")
-  b, t, n, h = q8.shape
-  s, kh = k8.shape[1], k8.shape[2]
+  h, s = q8.shape[-1], k8.shape[1]
   if config is None:
     cfg = fp8_default_config(head_dim=h, seq_k=s, masked=causal or window is not None)
   elif isinstance(config, Config):
@@ -71,9 +70,8 @@ def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale
   out, lse = ops._forward(                                          # pylint: disable=protected-access
       q8, k8, vt, q_segment_ids, kv_segment_ids, kv_lengths, causal=causal,
       scale=h ** -0.5 if scale is None else scale, window=window, softcap=softcap, cfg=cfg,
-      hp=hp, interpret=interpret, fp8_scales=(q_scale, k_scale), out_dtype=jnp.bfloat16,
+      hp=hp, interpret=interpret, fp8_scales=(q_scale, k_scale, v_scale),
+      out_dtype=out_dtype if out_dtype in (jnp.bfloat16, jnp.float16) else jnp.bfloat16,
       fp8_k_block=k_scale_block % cfg.block_kv == 0)
-  # O was accumulated in V's per-channel units: out = (P8 V8 / l) * s_v, s_v of head n // G.
-  v_rows = jnp.repeat(v_scale, n // kh, axis=1)                     # [B, N, H]
-  out = (out.astype(jnp.float32) * v_rows[:, None]).astype(out_dtype)
+  out = out.astype(out_dtype)
   return (out, lse) if return_lse else out

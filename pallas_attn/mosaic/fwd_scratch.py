@@ -54,12 +54,13 @@ def scratch_types(*, st: Statics, head_dim: int, dtype, has_meta: bool, out_dtyp
       queue[0],                                                               # next tiles
       plgpu.SMEM((nc, bq), jnp.float32) if st.fp8 else None,                  # q scales
       plgpu.SMEM((stages, bkv), jnp.float32) if st.fp8 else None,             # k scale ring
+      plgpu.SMEM((nc, head_dim), jnp.float32) if st.fp8 else None,            # v scales
   )
   bars = (
       plgpu.Barrier(num_arrivals=2 if st.fp8 else 1, num_barriers=stages),  # k_ready (+ scales)
       plgpu.Barrier(num_barriers=st.v_ring),                              # v_ready
       plgpu.Barrier(num_barriers=stages),                                 # seg_ready
-      plgpu.Barrier(num_barriers=(3 if st.fp8 else 2) * nc),              # q_ready (+ seg, scale)
+      plgpu.Barrier(num_barriers=(4 if st.fp8 else 2) * nc),    # q_ready (+ seg, q / v scales)
       plgpu.Barrier(num_barriers=1),                                      # meta_ready
       plgpu.Barrier(num_arrivals=nc, num_barriers=stages),                # k_free
       plgpu.Barrier(num_arrivals=nc, num_barriers=st.v_ring),             # v_free
@@ -79,6 +80,6 @@ def smem_bytes(*, st: Statics, head_dim: int, itemsize: int) -> int:
   if st.persistent or st.fp8:                                    # O beside Q, 16-bit
     o_elems = st.consumers * 2 * st.block_q * O_CHUNK if st.o_chunked else rows * head_dim
     extra += o_elems * (2 if st.fp8 else itemsize)
-  if st.fp8:                                                     # q scales, k scale ring
-    extra += rows * 4 + st.num_stages * st.block_kv * 4
+  if st.fp8:                                            # q scales, k scale ring, v scales
+    extra += rows * 4 + st.num_stages * st.block_kv * 4 + st.consumers * head_dim * 4
   return tiles * itemsize + extra + rows * 8 + st.num_stages * st.block_kv * 4 + 1024

@@ -154,8 +154,8 @@ def _mask(q_start, k_start, kv_len, q_seg, kv_seg, st: Statics):
 
 
 def fwd_kernel(*refs, st: Statics, has_meta: bool):
-  """Kernel body; ``refs`` = inputs (q, k, v[, meta][, q_seg, kv_seg][, q_scale, k_scale]),
-  outputs (o, lse), scratch."""
+  """Kernel body; ``refs`` = inputs (q, k, v[, meta][, q_seg, kv_seg][, q_scale, k_scale,
+  v_scale]), outputs (o, lse), scratch."""
   refs = list(refs)
   q_ref, k_ref, v_ref = refs[:3]
   pos = 3
@@ -166,7 +166,7 @@ def fwd_kernel(*refs, st: Statics, has_meta: bool):
     q_seg_ref, kv_seg_ref, pos = refs[pos], refs[pos + 1], pos + 2
   scale_refs = None
   if st.fp8:
-    scale_refs, pos = (refs[pos], refs[pos + 1]), pos + 2
+    scale_refs, pos = tuple(refs[pos:pos + 3]), pos + 3
   counter_ref = None
   if st.dynamic:
     counter_ref, pos = refs[pos], pos + 1
@@ -179,10 +179,10 @@ def fwd_kernel(*refs, st: Statics, has_meta: bool):
 def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
           bars, st: Statics, scale_refs=None):
   (q_smem2, o_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2,
-   sched_smem, qscale_smem2, kscale_smem) = smem
+   sched_smem, qscale_smem2, kscale_smem, vscale_smem2) = smem
   (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, turns, tile_ready,
    tile_free) = bars
-  qs_ref, ks_ref = scale_refs or (None, None)
+  qs_ref, ks_ref, vs_ref = scale_refs or (None, None, None)
   wg = lax.axis_index("wg")
   bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   nc = st.consumers                    # consumer warpgroups; warpgroup nc is the producer
@@ -330,8 +330,14 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         q_seg = plgpu.load(qseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       q_scale = None
       if st.fp8:
+        # V's per-channel scales of this tile's K/V head, for O at the end: copied now, waited
+        # for after the loop (the previous tile's epilogue read the buffer before its
+        # commit_smem, which orders those reads before this copy).
+        plgpu.copy_gmem_to_smem(vs_ref.at[batch, lax.div(head, jnp.int32(st.groups))],
+                                vscale_smem2.at[wg], q_ready.at[3 * nc + wg])
         # FP8: the rows' dequantisation scales (one per query row), folded into S below; copied
-        # with Q by load_q (issued here, they cost a TMA round trip at every tile's start).
+        # with Q by load_q (issued here instead, they cost a TMA round trip at every tile's
+        # start).
         plgpu.barrier_wait(q_ready.at[2 * nc + wg])
         q_scale = plgpu.load(qscale_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
       plgpu.barrier_wait(q_ready.at[wg])
@@ -503,6 +509,10 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       seen = l > 0
       l_safe = jnp.where(seen, l, 1.0)
       out = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
+      if st.fp8:      # O was accumulated in V's per-channel units: out = (P8 V8 / l) * s_v
+        plgpu.barrier_wait(q_ready.at[3 * nc + wg])
+        v_scale = plgpu.load(vscale_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(0))
+        out = out * lax.broadcast_in_dim(v_scale, acc.shape, [1])
       o_rows = o_ref.at[batch, pl.ds(q_start, bq), head]
       if st.o_chunked:
         # 64 columns at a time through two slots: a slot is refilled once the store issued from

@@ -386,9 +386,10 @@ def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> i
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
              hp: int, interpret, fp8_scales=None, out_dtype=None, fp8_k_block=False):
   """Pads to the CTA tile (consumers * block_q rows, block_kv keys, hp lanes), runs the kernel,
-  unpads. ``fp8_scales`` = (q scales [B, N, T], k scales [B, K, S]) float32: q, k are
-  float8_e4m3fn codes and v is V^T's codes [B, K, H, S] (``pallas_attn.mosaic.fp8``); the
-  output is then in ``out_dtype``. ``fp8_k_block``: the k scales are equal within each
+  unpads. ``fp8_scales`` = (q scales [B, N, T], k scales [B, K, S], v scales [B, K, H])
+  float32: q, k are float8_e4m3fn codes and v is V^T's codes [B, K, H, S]
+  (``pallas_attn.mosaic.fp8``); the kernel multiplies O by V's scales, and the output is in
+  ``out_dtype`` (16-bit). ``fp8_k_block``: the k scales are equal within each
   ``cfg.block_kv`` keys (the kernel reads one a block)."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
@@ -495,12 +496,14 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     inputs.append(jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, tq - t)), constant_values=-1))
     inputs.append(jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, tk - s)), constant_values=-2))
   if fp8:
-    q_scale, k_scale = fp8_scales
+    q_scale, k_scale, v_scale = fp8_scales
     # Padded rows get scale 1, not 0: the kernel folds the row scale into the softmax's
     # factor, where 0 would turn a masked row's -inf into NaN.
     inputs.append(jnp.pad(q_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t)),
                           constant_values=1.0))
     inputs.append(jnp.pad(k_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, tk - s))))
+    inputs.append(jnp.pad(v_scale.astype(jnp.float32), ((0, 0), (0, 0), (0, hp - h)),
+                          constant_values=1.0))
 
   # Inside shard_map(check_vma=True) the outputs must vary over q's mesh axes, and every operand
   # over the same ones (as in the Triton backend).

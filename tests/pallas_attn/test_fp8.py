@@ -255,6 +255,23 @@ def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw, monkeypatch):
   np.testing.assert_array_equal(np.asarray(out, np.float32).transpose(0, 2, 1, 3)[empty], 0.0)
 
 
+def test_mosaic_fp8_applies_v_channel_scales_in_the_kernel(monkeypatch):
+  """V's per-channel scales multiply O in the kernel's epilogue: with channels 1-128x apart and
+  each K/V head (GQA 4:2) scaled differently, a scale applied to the wrong channel or head
+  would be off by far more than FP8's rounding. H = 96 pads to 128 channels (scale 1)."""
+  b, t, s, n, kh, h = 1, 70, 90, 4, 2, 96
+  q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=13)
+  channel = 2.0 ** (jnp.arange(h) % 8)
+  head = jnp.array([1.0, 0.05])
+  v = (v.astype(jnp.float32) * channel * head[None, None, :, None]).astype(v.dtype)
+  out = fp8.flash_attention_fp8(q, k, v, causal=True, implementation="mosaic", interpret=True)
+  xla_out = fp8.flash_attention_fp8(q, k, v, causal=True, implementation="xla")
+  per_channel = lambda o: np.abs(np.asarray(o, np.float32)).mean(axis=(0, 1, 2))
+  np.testing.assert_allclose(per_channel(out), per_channel(xla_out), rtol=0.05)
+  assert _rel(out, xla_out) < 0.04
+  assert _rel(out, _reference(q, k, v, causal=True)) < 0.08
+
+
 @pytest.mark.parametrize("k_block,per_block", [(128, True), (96, False)])
 def test_mosaic_fp8_key_block_scales_in_interpret_mode(k_block, per_block, monkeypatch):
   """``k_scale_block``: K's scales are one per run of keys; a multiple of the kernel's key
