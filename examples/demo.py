@@ -73,6 +73,15 @@ def attention_tour():
   rel = float(jnp.abs(out8 - ref_out).mean() / jnp.abs(ref_out).mean())
   print(f"FP8 forward, same masks: mean |out diff| / mean |out| {rel:.3f} (e4m3: ~3-5%)")
   assert rel < 0.08, "FP8 attention is further from the reference than e4m3 explains"
+  # K and V quantised once and reused (a prompt's cache, cross-attention's memory): only Q is
+  # quantised per call, and the result is the one-call form's, bit for bit.
+  kv = pallas_attn.quantize_kv(k.astype(jnp.bfloat16), v.astype(jnp.bfloat16),
+                               kv_lengths=kw8["kv_lengths"])
+  out_kv = pallas_attn.flash_attention_fp8_kv(q.astype(jnp.bfloat16), kv, **kw8)
+  same = bool(jnp.array_equal(out_kv, out8))
+  print(f"FP8 with K/V quantised once (quantize_kv + flash_attention_fp8_kv): "
+        f"bitwise the one-call output: {same}")
+  assert same, "flash_attention_fp8_kv differs from flash_attention_fp8 on the same inputs"
 
 
 def quant_tour():
