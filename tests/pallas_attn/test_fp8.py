@@ -182,10 +182,7 @@ def test_quantized_kv_in_interpret_mode(monkeypatch):
   """The Mosaic kernel on a QuantizedKV: one K scale a kernel block (the default 256 keys)."""
   b, t, s, n, kh, h = 1, 130, 300, 2, 1, 128
   q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=32)
-  launched = []
-  body = kernels.fwd_kernel
-  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
-      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  launched = _record_launches(monkeypatch)
   kv = fp8.quantize_kv(k, v)
   out = fp8.flash_attention_fp8_kv(q, kv, implementation="mosaic", interpret=True)
   assert launched and all(st.fp8 and st.fp8_k_block for st in launched)
@@ -222,6 +219,15 @@ def test_mosaic_declines_off_hopper_without_interpret():
 
 # ------------------------------------------------------------------------- the kernel
 
+def _record_launches(monkeypatch) -> list:
+  """The ``Statics`` of every forward kernel traced from now on (the test's launches)."""
+  launched = []
+  body = kernels.fwd_kernel
+  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
+      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  return launched
+
+
 @pytest.mark.parametrize("h,kw", [
     (64, dict(causal=True, softcap=20.0, kv_lengths=True)),
     (128, dict(window=(40, 10), segments=True)),
@@ -234,10 +240,7 @@ def test_mosaic_fp8_matches_xla_in_interpret_mode(h, kw, monkeypatch):
   loaded per tile there, and O has its own 16-bit buffer."""
   b, t, s, n, kh = 2, 130, 150, 2, 1
   q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=8)
-  launched = []
-  body = kernels.fwd_kernel
-  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
-      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  launched = _record_launches(monkeypatch)
   persistent = not kw
   kw = H.flag_kwargs(kw, t=t, s=s)
   out, lse = fp8.flash_attention_fp8(q, k, v, implementation="mosaic", interpret=True,
@@ -283,10 +286,7 @@ def test_mosaic_fp8_key_block_scales_in_interpret_mode(k_block, per_block, monke
   kf = fp8.quantize_inputs(q, k, v, k_scale_block=k_block)[1]
   scales = np.asarray(kf.scale)[..., :(s // k_block) * k_block].reshape(b, kh, -1, k_block)
   assert (scales == scales[..., :1]).all() and not (scales == scales[:, :, :1, :1]).all()
-  launched = []
-  body = kernels.fwd_kernel
-  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
-      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  launched = _record_launches(monkeypatch)
   kw = H.flag_kwargs(dict(causal=True, kv_lengths=True), t=t, s=s)
   out, lse = fp8.flash_attention_fp8(q, k, v, implementation="mosaic", interpret=True,
                                      return_lse=True, k_scale_block=k_block, **kw)
@@ -318,10 +318,7 @@ def test_mosaic_fp8_three_consumers_in_interpret_mode(causal, monkeypatch):
   short call with that config; the attention of the same codes as the xla backend."""
   b, t, s, n, kh, h = 1, 400, 330, 2, 1, 128
   q, k, v = H.qkv_inputs(b, t, s, n, kh, h, seed=12)
-  launched = []
-  body = kernels.fwd_kernel
-  monkeypatch.setattr(kernels, "fwd_kernel", lambda *refs, st, has_meta: (
-      launched.append(st), body(*refs, st=st, has_meta=has_meta))[1])
+  launched = _record_launches(monkeypatch)
   config = mosaic_fp8.fp8_default_config(head_dim=h, seq_k=8192, masked=causal)
   out, lse = fp8.flash_attention_fp8(q, k, v, causal=causal, implementation="mosaic",
                                      interpret=True, return_lse=True, config=config)
