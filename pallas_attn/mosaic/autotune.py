@@ -41,7 +41,7 @@ def search_space(*, head_dim: int, seq_k: int, causal: bool) -> tuple[Config, ..
   launches = (False, True) if hp == 128 or base.persistent else (False,)
   # Besides the 128-byte-swizzle blocks, FlashAttention-3's key block for the head dim (its
   # tile_size_fwd_sm90: 80 at 256, 176 at 128 unmasked; 192 at 64), which the V ring's narrower
-  # swizzle allows (kernels.pv_swizzle).
+  # swizzle allows (operands.pv_swizzle).
   fa3 = {64: (192,), 128: () if causal else (176,), 256: (80,)}.get(hp, ())
   return tuple(dataclasses.replace(base, block_q=bq, block_kv=bkv, num_stages=st, persistent=p)
                for bq in (64, 128) for bkv in (64, 128, 256) + fa3 for st in (2, 3)

@@ -17,7 +17,7 @@ class Config:
     block_kv: keys per pipeline step (wgmma N of S = Q K^T, K of O += P V): a multiple of 16
       in [64, 256]. Multiples of 64 keep every buffer on 128-byte swizzle rows; others (FA3's
       80 at head dim 256, 176 at 128) put the V ring and P on 64- or 32-byte rows
-      (``kernels.pv_swizzle``), since P V's K steps come in groups one swizzle row wide.
+      (``operands.pv_swizzle``), since P V's K steps come in groups one swizzle row wide.
     num_stages: depth of the K/V shared-memory ring the producer warpgroup fills with TMA.
     v_stages: forward: depth of the V ring where it differs from the K ring's ``num_stages`` (0:
       the same). K is read first in a step (S = Q K^T) and V only after the softmax, so a

@@ -1,7 +1,7 @@
 """Mosaic forward tiles that fill shared memory to the limit (head dim 256):
 
 * key blocks that are not multiples of 64 (FA3's 80 at head dim 256, 176 at 128), made possible
-  by the narrower swizzle of the V ring and P (``kernels.pv_swizzle``);
+  by the narrower swizzle of the V ring and P (``operands.pv_swizzle``);
 * the persistent launch with O stored through two 64-column slots per consumer
   (``Statics.o_chunked``) where a whole O buffer does not fit next to Q and the ring.
 
@@ -18,13 +18,13 @@ import pytest
 
 import harness as H
 from pallas_attn import flash_attention, reference
-from pallas_attn.mosaic import Config, default_config, kernels, ops
+from pallas_attn.mosaic import Config, default_config, kernels, operands, ops
 
 
 @pytest.mark.parametrize("block_kv,swizzle", [(64, 128), (128, 128), (256, 128), (96, 64),
                                               (192, 128), (160, 64), (80, 32), (176, 32), (112, 32)])
 def test_pv_swizzle_is_the_widest_row_that_divides_the_block(block_kv, swizzle):
-  assert kernels.pv_swizzle(block_kv, 2) == swizzle
+  assert operands.pv_swizzle(block_kv, 2) == swizzle
   assert block_kv % (swizzle // 2) == 0
 
 
@@ -70,7 +70,7 @@ def test_narrow_swizzle_blocks_lower_for_sm90(h, block_kv, causal):
   cfg = dataclasses.replace(default_config(head_dim=h, seq_k=4096, masked=causal),
                             block_kv=block_kv)
   text = H.lower_mosaic_forward(cfg, h=h, t=1280, n=1, causal=causal)
-  swizzle = kernels.pv_swizzle(block_kv, 2)
+  swizzle = operands.pv_swizzle(block_kv, 2)
   assert f"swizzle<{swizzle} : i32>" in text
   assert "swizzle<128 : i32>" in text                          # Q and the K ring keep 128 B
 
