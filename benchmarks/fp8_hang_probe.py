@@ -11,6 +11,9 @@ dies with its process), so one call of this script tells them apart:
 
 * ``kv_xla`` / ``kv_fused``: the control and the hang;
 * ``kv_fused_nocmdbuf``: the same with XLA's command buffers (CUDA graphs) off;
+* ``kv_fused_nopdl``: with XLA's programmatic dependent launch off (XLA inserts
+  ``griddepcontrol`` waits and, since mid-2026, early ``launch_dependents`` into the kernels
+  it generates, the Triton ones included, and launches them to overlap their predecessor);
 * ``kv_fused_grid``: the kernel launched as a grid instead of persistent;
 * ``kv_fused_split``: Q's pass and the attention as two executables (the same kernels);
 * ``kv_fused_4x4096``: the row where it passed;
@@ -28,8 +31,11 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("kv_xla", "kv_fused", "kv_fused_nocmdbuf", "kv_fused_grid", "kv_fused_split",
-            "kv_fused_4x4096", "e2e_fused")
+VARIANTS = ("kv_xla", "kv_fused", "kv_fused_nocmdbuf", "kv_fused_nopdl", "kv_fused_grid",
+            "kv_fused_split", "kv_fused_4x4096", "e2e_fused")
+# XLA flags a variant runs under (the rest of its name picks the code path)
+FLAGS = {"nocmdbuf": "--xla_gpu_enable_command_buffer=",
+         "nopdl": "--xla_gpu_enable_pdl=false --xla_gpu_enable_pdl_launch=false"}
 
 
 def run_variant(name: str, calls: int) -> dict:
@@ -87,8 +93,9 @@ def main(argv=None) -> int:
   results = []
   for name in args.variants.split(","):
     env = dict(os.environ)
-    if name.endswith("nocmdbuf"):
-      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
+    flags = FLAGS.get(name.rpartition("_")[2])
+    if flags:
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
     cmd = [sys.executable, os.path.abspath(__file__), "--variant", name,
            "--calls", str(args.calls)]
     try:

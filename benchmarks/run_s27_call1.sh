@@ -4,10 +4,10 @@
 # 16x1024x16x128 (benchmarks/fp8_hang_probe.py: each variant in its own process under a
 # timeout); (3) the end-to-end rows again (fp8 with XLA's quantisation, fp8-kv, bf16).
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 150 python3 -m pytest -q -m gpu -n 4 \
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 140 python3 -m pytest -q -m gpu -n 4 \
     -p no:cacheprovider -rfE tests/pallas_attn/test_fp8.py > "$OUT/fp8_tests.log" 2>&1
 echo "pytest rc $?"; tail -3 "$OUT/fp8_tests.log"
-timeout -k 5 300 python3 benchmarks/fp8_hang_probe.py --out "$OUT/hang" --timeout-s 40 2>&1 \
+timeout -k 5 260 python3 benchmarks/fp8_hang_probe.py --out "$OUT/hang" --timeout-s 30 2>&1 \
     | grep "variant" | cut -c1-200
 mkdir -p "$OUT/e2e"
 timeout -k 5 100 python3 benchmarks/attention_fp8.py --out "$OUT/e2e" --budget-s 80 \
