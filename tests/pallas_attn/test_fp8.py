@@ -389,6 +389,27 @@ def test_mosaic_fp8_lowers_for_sm90(h, causal, form, k_block, monkeypatch):
   assert "flash_attention_fwd" in text
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mosaic_fp8_three_consumers_lower_for_sm90(causal, monkeypatch):
+  """The default from 8192 keys at H = 128 (three consumers, P in registers) lowers for sm90."""
+  monkeypatch.setattr(ops, "_on_hopper", lambda: True)
+  b, t, n, h = 1, 8192, 2, 128
+  codes = jax.ShapeDtypeStruct((b, t, n, h), jnp.float8_e4m3fn)
+  rows = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
+  chans = jax.ShapeDtypeStruct((b, n, h), jnp.float32)
+  launched = _record_launches(monkeypatch)
+
+  def fwd(q8, qs, k8, ks, v8, vs):
+    return mosaic_fp8.attention(q8, qs, k8, ks, v8, vs, out_dtype=jnp.bfloat16, causal=causal,
+                                scale=h ** -0.5, window=None, softcap=None, q_segment_ids=None,
+                                kv_segment_ids=None, kv_lengths=None, return_lse=False,
+                                config=None, interpret=False, k_scale_block=256)
+  text = jax.jit(fwd).trace(codes, rows, codes, rows, codes, chans).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "flash_attention_fwd" in text
+  assert launched and all(st.consumers == 3 and st.registers_pv for st in launched)
+
+
 COMPILED_CASES = [
     H.Case(t=1024, s=1024, h=128, n=4, kh=4, seed=601),
     H.Case(t=1000, s=1100, h=128, n=4, kh=2, causal=True, seed=602),
