@@ -201,7 +201,7 @@ def quantize_inputs(q, k, v, *, use_hadamard: bool = True, scale_block: int = 1,
   return qf, kv.k, kv.v
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=("k", "v"),
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("k", "v", "kv_lengths"),
                    meta_fields=("head_dim", "rotated", "k_scale_block"))
 @dataclasses.dataclass(frozen=True)
 class QuantizedKV:
@@ -212,12 +212,14 @@ class QuantizedKV:
 
   k: codes [B, S, K, D] (rotated by the Hadamard matrix when ``rotated``) and scale [B, K, S];
   v: codes [B, S, K, D] and scale [B, K, D] (per channel). D: head_dim, padded to a power of
-  two when rotated."""
+  two when rotated. kv_lengths: int32 [B] (clipped to S) if quantised with them, else None;
+  ``flash_attention_fp8_kv`` masks with them unless given others."""
   k: Fp8Tensor
   v: Fp8Tensor
   head_dim: int
   rotated: bool
   k_scale_block: int
+  kv_lengths: jax.Array | None = None
 
 
 def quantize_kv(k: Float[Array, "B S K H"], v: Float[Array, "B S K H"], *,
@@ -228,7 +230,8 @@ def quantize_kv(k: Float[Array, "B S K H"], v: Float[Array, "B S K H"], *,
   \mathcal{H})` with one scale per ``k_scale_block`` keys (a multiple of the kernel's key
   block, as the default 256, lets the kernel scale S per row only) and :math:`V' =
   \mathrm{q8}(V)` with one scale per channel over the keys. Keys at or past ``kv_lengths`` are
-  zeroed and do not count towards any scale (pass the same ``kv_lengths`` to the attention).
+  zeroed and do not count towards any scale; the QuantizedKV keeps them, and
+  ``flash_attention_fp8_kv`` masks with them by default.
   ``fused``: K's rotation, amax and codes in one Pallas Triton pass (opt-in: see
   ``flash_attention_fp8``'s ``fused_quantize``).
 
@@ -253,7 +256,8 @@ def quantize_kv(k: Float[Array, "B S K H"], v: Float[Array, "B S K H"], *,
   kf = _quantize_rows(k, lengths, rotate=bool(use_hadamard), d=d, block=k_scale_block,
                       fused=fused, interpret=interpret)
   return QuantizedKV(k=kf, v=quantize_channels(_pad(v, d), valid=valid), head_dim=h,
-                     rotated=bool(use_hadamard), k_scale_block=k_scale_block)
+                     rotated=bool(use_hadamard), k_scale_block=k_scale_block,
+                     kv_lengths=None if lengths is None else lengths.astype(jnp.int32))
 
 
 def _xla_backend(qf, kf, vf, *, out_dtype, return_lse, config, interpret, k_scale_block,
@@ -386,8 +390,8 @@ def flash_attention_fp8_kv(
   r"""``flash_attention_fp8`` with K and V quantised beforehand (``quantize_kv``): only Q is
   quantised per call (rotated as K was, per ``scale_block`` tokens), so a prompt's keys and
   values, or cross-attention's memory, pay their quantisation once. The arguments and the
-  result are ``flash_attention_fp8``'s; ``kv_lengths`` should be the one ``kv`` was quantised
-  with (keys past it were zeroed there and are masked here).
+  result are ``flash_attention_fp8``'s; ``kv_lengths`` None takes the ones ``kv`` was
+  quantised with (``kv.kv_lengths``: keys past them were zeroed there and are masked here).
 
   Example:
     >>> kv = quantize_kv(k, v)                               # k, v bf16 [B, S, K, H], once
@@ -395,6 +399,7 @@ def flash_attention_fp8_kv(
   """
   if not isinstance(kv, QuantizedKV):
     raise ValueError(f"kv must be a QuantizedKV (from quantize_kv), got {type(kv).__name__}")
+  kv_lengths = kv.kv_lengths if kv_lengths is None else kv_lengths
   b, s, kh, _ = kv.k.codes.shape
   shape = jax.ShapeDtypeStruct((b, s, kh, kv.head_dim), getattr(q, "dtype", jnp.float32))
   api.check_inputs(q, shape, shape, scale=scale, window=window, softcap=softcap,

@@ -176,6 +176,11 @@ def test_quantized_kv_gives_the_same_attention(h, use_hadamard, k_block):
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref_out, np.float32))
   np.testing.assert_array_equal(np.asarray(lse), np.asarray(ref_lse))
   assert _rel(out, _reference(q, k, v, causal=True, kv_lengths=lens)) < 0.06
+  # the QuantizedKV keeps its kv_lengths: the attention masks with them when given none
+  np.testing.assert_array_equal(np.asarray(kv.kv_lengths), np.asarray(lens))
+  kw.pop("kv_lengths")
+  implicit, _ = fp8.flash_attention_fp8_kv(q, kv, **kw)
+  np.testing.assert_array_equal(np.asarray(implicit, np.float32), np.asarray(out, np.float32))
 
 
 def test_quantized_kv_in_interpret_mode(monkeypatch):
