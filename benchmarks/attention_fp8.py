@@ -142,7 +142,8 @@ def reference(q, k, v, causal: bool):
   return np.asarray(out), sl
 
 
-def run_one(impl: str, row, causal: bool, iterations: int, inputs, ref) -> dict[str, Any]:
+def run_one(impl: str, row, causal: bool, iterations: int, inputs, ref,
+            breakdown: bool = False) -> dict[str, Any]:
   b, t, n, h = row
   fn, args, to_f32 = build(impl, causal, h, *inputs)
   start = time.perf_counter()
@@ -152,8 +153,11 @@ def run_one(impl: str, row, causal: bool, iterations: int, inputs, ref) -> dict[
   rel = float(np.abs(out - ref[0]).mean() / np.abs(ref[0]).mean())
   t_ms = timing.measure(compiled, args, iterations)
   flops = timing.attention_flops(b, n, t, t, h, causal=causal, mode="fwd")
-  return dict(ms=t_ms.ms, method=t_ms.method, tflops=timing.tflops(flops, t_ms.ms),
-              mean_rel_err=rel, compile_s=compile_s, status="ok")
+  record = dict(ms=t_ms.ms, method=t_ms.method, tflops=timing.tflops(flops, t_ms.ms),
+                mean_rel_err=rel, compile_s=compile_s, status="ok")
+  if breakdown and t_ms.method == "cupti":      # every kernel of the call, in launch order
+    record["kernels"] = timing.kernel_breakdown(compiled, args, iterations)
+  return record
 
 
 def plot(results: list[dict[str, Any]], path: str) -> None:
@@ -187,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--rows", default="", help="BxTxNxH rows, comma-separated (default: the grid)")
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--budget-s", type=float, default=480.0)
+  p.add_argument("--breakdown", action="store_true",
+                 help="also record each kernel's median time (GPU, CUPTI)")
   args = p.parse_args(argv)
   start = time.time()
   impls = args.impls.split(",")
@@ -205,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       for impl in impls:
         record = dict(impl=impl, row=list(row), causal=causal)
         try:
-          record.update(run_one(impl, row, causal, args.iters, inputs, ref))
+          record.update(run_one(impl, row, causal, args.iters, inputs, ref, args.breakdown))
         except Exception as e:  # pylint: disable=broad-except
           record.update(status="error", error=f"{type(e).__name__}: {e}"[:2000],
                         trace=traceback.format_exc()[-2000:])
@@ -216,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          + (f"{record['ms']:.4f} ms {tf:.0f} TFLOP/s err "
                             f"{record['mean_rel_err']:.4f}" if tf else record.get("error", ""))
                          + "\n")
+        for kern in record.get("kernels", []):
+          sys.stdout.write(f"    {kern['ms']:.4f} ms  {kern['kernel'][:90]}\n")
         sys.stdout.flush()
   try:
     plot(results, os.path.join(args.out, "attention_fp8.png"))
