@@ -332,6 +332,10 @@ def padded_head_dim(head_dim: int) -> int:
   raise NotImplementedError(f"mosaic backend supports head_dim <= {HEAD_DIMS[-1]}, got {head_dim}")
 
 
+# Key count from which unmasked head-dim-128 rows take three forward consumers (default_config).
+LONG_ROW_THREE_CONSUMERS = 16384
+
+
 def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
 
@@ -395,10 +399,16 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # causal 4x4096x8x256 forward 0.4362 -> 0.4248 ms (1.03 -> 1.06x cuDNN; twice, H200, session
   # 17). Unmasked it measured +0.6% at H = 256 and +5-6% at H = 128 (its per-step cross-warp
   # max costs more than the multiply it skips), so those rows keep rescaling every step.
+  # Three consumer warpgroups (the grid launch; the persistent one is written for two) on long
+  # unmasked H = 128 rows: 1x16384x16x128 forward 3.1576 -> 3.1314 ms (cuDNN 3.1383: 0.994 ->
+  # 1.002x; H200, session 27) and 3.157 -> 3.126 on an H100 (session 26). At 4096 keys it was
+  # 13% slower (session 26), so it starts at LONG_ROW_THREE_CONSUMERS keys.
+  three = hp == 128 and not masked and seq_k >= LONG_ROW_THREE_CONSUMERS
   wide = hp > 128
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
+                consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=240 if wide else 232,
-                persistent=persistent_ok and (not masked or short),
+                persistent=persistent_ok and (not masked or short) and not three,
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,

@@ -312,9 +312,10 @@ def test_fp8_default_config_takes_three_consumers_on_long_h128_rows():
   assert cfg(128, 4096).consumers == 2 and cfg(128, 8191).consumers == 2
   assert cfg(256, 16384).consumers == 2 and cfg(64, 16384).consumers == 2
   assert cfg(100, 8192).consumers == 3               # padded to 128
-  # the rest is default_config's
-  assert dataclasses.replace(cfg(128, 16384), consumers=2) == default_config(
-      head_dim=128, seq_k=16384)
+  # the rest is default_config's (which itself takes three from 16384 unmasked keys)
+  assert dataclasses.replace(cfg(128, 8192), consumers=2) == default_config(
+      head_dim=128, seq_k=8192)
+  assert cfg(128, 16384) == default_config(head_dim=128, seq_k=16384)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

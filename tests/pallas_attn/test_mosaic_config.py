@@ -17,7 +17,7 @@ from jax._src import mesh as mesh_lib
 import harness as H
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config, kernels, ops
-from pallas_attn.mosaic.config import padded_head_dim
+from pallas_attn.mosaic.config import LONG_ROW_THREE_CONSUMERS, padded_head_dim
 
 
 @pytest.mark.parametrize("field,value", [("block_q", 32), ("block_kv", 72), ("num_stages", 1),
@@ -63,11 +63,24 @@ def test_default_config_flags_by_mask(masked, seq_k):
   unmasked calls run persistent without those flags."""
   cfg = default_config(head_dim=128, seq_k=seq_k, masked=masked)
   short = seq_k <= 4096
+  three = not masked and seq_k >= 16384               # the grid with three consumers (below)
   assert (cfg.pin_softmax, cfg.named_free) == (masked, masked)
-  assert cfg.persistent == (not masked or short)
+  assert cfg.persistent == ((not masked or short) and not three)
   assert cfg.dynamic_schedule == (masked and short)
   assert not cfg.bwd_fused_dq                                     # measured slower: opt-in
   assert cfg.bwd_dq_regs and cfg.q_regs_cols == 0                 # session 14
+
+
+@pytest.mark.parametrize("h", [64, 100, 128, 256])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("seq_k", [4096, 8192, 16384, 32768])
+def test_default_config_three_consumers_on_long_unmasked_h128_rows(h, masked, seq_k):
+  """Sessions 26-27: 1x16384x16x128 full forward 0.83% faster on the H200 (1.002x cuDNN) and
+  1% on an H100 with three consumers; 13% slower at 4096 keys; 8192 not measured."""
+  cfg = default_config(head_dim=h, seq_k=seq_k, masked=masked)
+  three = padded_head_dim(h) == 128 and not masked and seq_k >= LONG_ROW_THREE_CONSUMERS
+  assert cfg.consumers == (3 if three else 2)
+  assert LONG_ROW_THREE_CONSUMERS == 16384
 
 
 @pytest.mark.parametrize("h,masked", [(256, False), (256, True)])

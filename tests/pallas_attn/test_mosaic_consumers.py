@@ -102,3 +102,21 @@ def test_three_consumers_lower_for_sm90(causal):
   assert "bar.sync $0, 256" in text and "bar.arrive $0, 256" in text
   assert "setmaxnreg.inc.sync.aligned.u32 160;" in text
   assert "setmaxnreg.dec.sync.aligned.u32 32;" in text
+
+
+# The default at H = 128 from 16384 unmasked keys (sessions 26-27): three consumers, the grid.
+LONG_ROWS = [
+    H.Case(t=1000, s=16384, n=4, kh=2, h=128, seed=401),
+    H.Case(t=700, s=16500, n=2, kh=1, h=128, kv_lengths=(16500, 9000), seed=402),
+    H.Case(t=600, s=16384, n=2, kh=2, h=128, segments=3, seed=403),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", LONG_ROWS, ids=lambda c: c.id)
+def test_three_consumer_default_rows_compiled(case):
+  """Compiled: the long-row default (three consumers) passes the ratio rule, forward and
+  backward, with GQA, kv_lengths and segment ids."""
+  cfg = default_config(head_dim=case.h, seq_k=case.s, masked=False)
+  assert cfg.consumers == 3 and not cfg.persistent
+  H.check_case(case, "mosaic", config=cfg)
