@@ -45,13 +45,15 @@ def fp8_default_config(*, head_dim: int, seq_k: int, masked: bool) -> Config:
 
 def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale, window,
               softcap, q_segment_ids, kv_segment_ids, kv_lengths, return_lse, config, interpret,
-              k_scale_block: int = 1):
+              k_scale_block: int = 1, v_in_key_order: bool = False):
   """FP8 forward: ``q8 [B, T, N, H]``, ``k8, v8 [B, S, K, H]`` float8_e4m3fn codes with
   ``q_scale [B, N, T]``, ``k_scale [B, K, S]`` (per token) and ``v_scale [B, K, H]`` (per
   channel) float32, so that q = q8 * q_scale etc. Returns out in ``out_dtype`` (and lse).
   ``k_scale_block``: k_scale is constant over each run of that many keys from key 0; where
   that is a multiple of the kernel's key block, the kernel reads one scale a block and S
-  takes its scales as one factor per row (no multiply per logit).
+  takes its scales as one factor per row (no multiply per logit). ``v_in_key_order``: v8 is
+  V^T already in the kernel's layout (``fp8_layout.kernel_v_layout``: [B, K, H, S16]), as a
+  ``QuantizedKV`` keeps it; no transposition per call.
 
   Raises NotImplementedError (dispatch then falls back) off Hopper without interpret mode, for
   head dims over 256, a foreign config, or a tile set over shared memory.
@@ -66,12 +68,12 @@ def attention(q8, q_scale, k8, k_scale, v8, v_scale, *, out_dtype, causal, scale
     cfg = config
   else:
     raise NotImplementedError(f"config of type {type(config).__name__} is not a mosaic Config")
-  vt = jnp.transpose(v8, (0, 2, 3, 1))                              # [B, K, H, S]
+  vt = v8 if v_in_key_order else jnp.transpose(v8, (0, 2, 3, 1))   # [B, K, H, S]
   out, lse = ops._forward(                                          # pylint: disable=protected-access
       q8, k8, vt, q_segment_ids, kv_segment_ids, kv_lengths, causal=causal,
       scale=h ** -0.5 if scale is None else scale, window=window, softcap=softcap, cfg=cfg,
       hp=hp, interpret=interpret, fp8_scales=(q_scale, k_scale, v_scale),
       out_dtype=out_dtype if out_dtype in (jnp.bfloat16, jnp.float16) else jnp.bfloat16,
-      fp8_k_block=k_scale_block % cfg.block_kv == 0)
+      fp8_k_block=k_scale_block % cfg.block_kv == 0, fp8_v_in_key_order=v_in_key_order)
   out = out.astype(out_dtype)
   return (out, lse) if return_lse else out

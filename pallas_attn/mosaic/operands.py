@@ -10,6 +10,9 @@ from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+# V's key order for P in registers lives with the rest of V's FP8 layout (pure jnp).
+from pallas_attn.fp8_layout import fp8_key_order, to_fp8_key_order  # noqa: F401  pylint: disable=unused-import
+
 
 def q_operands(q_smem, reg_cols: int):
   """S = Q K^T's A operands as ``[(operand, columns)]``: Q's first ``reg_cols`` columns loaded
@@ -56,26 +59,6 @@ def p_as_8bit_operand(p8):
     return mgpu_fa.FragmentedArray(_registers=out, _layout=mgpu_fa.WGMMA_LAYOUT_8BIT,
                                    _is_signed=None)
   return regroup(p8)
-
-
-def fp8_key_order(num_keys: int) -> np.ndarray:
-  """The key order of ``p_as_8bit_operand``: position 4q + j of each 16-key group holds key
-  (2q, 2q + 1, 8 + 2q, 9 + 2q)[j] of the group. ``v[..., order]`` permutes V's keys to it."""
-  if num_keys % 16:
-    raise ValueError(f"num_keys must be a multiple of 16, got {num_keys}")
-  group = np.array([[2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q] for q in range(4)]).reshape(16)
-  return (np.arange(0, num_keys, 16)[:, None] + group[None, :]).reshape(-1)
-
-
-def to_fp8_key_order(x: jax.Array) -> jax.Array:
-  """``x[..., fp8_key_order(S)]`` as a reshape and a transpose (XLA fuses it into one copy; the
-  gather it replaces cost ~0.12 ms a call at 4x4096x16x128 on the H200). Key 8h + 2q + p of a
-  16-key group (h, p in {0, 1}, q in 0..3) goes to position 4q + 2h + p."""
-  *lead, s = x.shape
-  if s % 16:
-    raise ValueError(f"the last axis must be a multiple of 16, got {s}")
-  groups = x.reshape(*lead, s // 16, 2, 4, 2)                    # (group, h, q, p)
-  return jnp.swapaxes(groups, -3, -2).reshape(*lead, s)         # (group, q, h, p)
 
 
 def pv_swizzle(block_kv: int, itemsize: int) -> int:

@@ -26,7 +26,7 @@ from pallas_attn.mosaic import autotune, backward, backward_split, kernels
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
-from pallas_attn.mosaic.operands import to_fp8_key_order
+from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
@@ -384,13 +384,15 @@ def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> i
 
 
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
-             hp: int, interpret, fp8_scales=None, out_dtype=None, fp8_k_block=False):
+             hp: int, interpret, fp8_scales=None, out_dtype=None, fp8_k_block=False,
+             fp8_v_in_key_order=False):
   """Pads to the CTA tile (consumers * block_q rows, block_kv keys, hp lanes), runs the kernel,
   unpads. ``fp8_scales`` = (q scales [B, N, T], k scales [B, K, S], v scales [B, K, H])
   float32: q, k are float8_e4m3fn codes and v is V^T's codes [B, K, H, S]
   (``pallas_attn.mosaic.fp8``); the kernel multiplies O by V's scales, and the output is in
   ``out_dtype`` (16-bit). ``fp8_k_block``: the k scales are equal within each
-  ``cfg.block_kv`` keys (the kernel reads one a block)."""
+  ``cfg.block_kv`` keys (the kernel reads one a block). ``fp8_v_in_key_order``: v's keys are
+  already in the kernel's order, padded to 16 (``fp8_layout.kernel_v_layout``)."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
   fp8 = fp8_scales is not None
@@ -479,9 +481,9 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
 
   inputs = [pad(q, tq), pad(k, tk)]
   if fp8:                                           # V^T [B, K, H, S]
-    vt = jnp.pad(v, ((0, 0), (0, 0), (0, hp - h), (0, tk - s)))
     # Config.fp8_p_registers: V's keys in the order P's registers hold them.
-    inputs.append(to_fp8_key_order(vt) if st.registers_pv else vt)
+    inputs.append(kernel_v_operand(v, in_key_order=fp8_v_in_key_order,
+                                   key_order=st.registers_pv, head_dim=hp, num_keys=tk))
   else:
     inputs.append(pad(v, tk))
   if has_meta:
