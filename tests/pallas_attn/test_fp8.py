@@ -505,3 +505,7 @@ def test_quantized_kv_compiled():
   ref = fp8.flash_attention_fp8(x.q, x.k, x.v, causal=True, implementation="mosaic")
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
   assert _rel(out, _reference(x.q, x.k, x.v, causal=True)) < 0.08
+  # V kept as [B, S, K, D] (transposed per call): the same operand, the same output
+  bskd = fp8.quantize_kv(x.k, x.v, v_layout="bskd")
+  per_call = fp8.flash_attention_fp8_kv(x.q, bskd, causal=True, implementation="mosaic")
+  np.testing.assert_array_equal(np.asarray(per_call, np.float32), np.asarray(out, np.float32))
