@@ -16,7 +16,8 @@ Implementations, each jit-compiled on bf16 random-normal q, k, v [B, T, N, H]:
   XLA's passes; the default, None, fuses up to H = 128);
 * ``fp8-kv``: ``pallas_attn.flash_attention_fp8_kv`` on K and V quantised once beforehand
   (``quantize_kv``): Q's quantisation and the kernel; ``fp8-kv-fused``: the same with Q's
-  fused Pallas Triton pass (``fused_quantize=True``);
+  fused Pallas Triton pass (``fused_quantize=True``); ``fp8-kv-bskd``: with V kept as
+  [B, S, K, H] (transposed to the kernel's layout per call; the default keeps it in that layout);
 * ``bf16``: ``pallas_attn.flash_attention(implementation="mosaic")``;
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` in bf16;
 * ``cudnn-fp8``: cuDNN's FP8 forward (``jax._src.cudnn.fused_attention_stablehlo`` with
@@ -56,8 +57,8 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 import timing  # pylint: disable=wrong-import-position
 
-IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "fp8-kv", "fp8-kv-fused", "bf16", "cudnn",
-         "cudnn-fp8")
+IMPLS = ("fp8-kernel", "fp8-kernel-preg", "fp8", "fp8-kv", "fp8-kv-fused", "fp8-kv-bskd", "bf16",
+         "cudnn", "cudnn-fp8")
 ROWS = ((4, 4096, 16, 128), (16, 1024, 16, 128), (1, 16384, 16, 128), (8, 2048, 16, 128),
         (2, 8192, 16, 128), (4, 4096, 32, 64), (4, 4096, 8, 256))
 QUICK_ROWS = ((1, 128, 2, 64),)
@@ -103,8 +104,9 @@ def build(impl: str, causal: bool, h: int, q, k, v):
     return jax.jit(lambda q, k, v: fp8.flash_attention_fp8(
         q, k, v, causal=causal, implementation="mosaic", k_scale_block=kb,
         fused_quantize=fused)), (q, k, v), as_f32
-  if impl in ("fp8-kv", "fp8-kv-fused"):   # K and V quantised once, outside the timed call
-    kv = jax.jit(fp8.quantize_kv)(k, v)
+  if impl in ("fp8-kv", "fp8-kv-fused", "fp8-kv-bskd"):   # K, V quantised once, untimed
+    layout = "bskd" if impl == "fp8-kv-bskd" else "kernel"
+    kv = jax.jit(functools.partial(fp8.quantize_kv, v_layout=layout))(k, v)
     return jax.jit(lambda q, kv: fp8.flash_attention_fp8_kv(
         q, kv, causal=causal, implementation="mosaic",
         fused_quantize=impl == "fp8-kv-fused")), (q, kv), as_f32
