@@ -15,6 +15,8 @@ bound): x <- op(-x), which stays in (0, 1]. Results are exponentials (or convers
 second and per SM-clock (at the clock given by ``--clock-ghz``).
 
   python3 benchmarks/mufu_probe.py --out $OUT/mufu        # ~20 s on an H100 / H200
+  python3 benchmarks/mufu_probe.py --out $OUT/mufu --ptx $OUT/mufu/t.ptx --variants ex2_f32
+  ptxas -arch=sm_90a $OUT/mufu/t.ptx -o t.cubin && nvdisasm -c t.cubin | grep MUFU  # the SASS
 """
 from __future__ import annotations
 
@@ -76,14 +78,31 @@ def build(name: str, *, programs: int, block: int, iters: int, num_warps: int):
   return jax.jit(fn), x
 
 
+def standalone_ptx() -> str:
+  """Every variant's asm as its own sm_90a kernel (one load, the chain, one store), for ptxas
+  and nvdisasm: the SASS shows how many MUFU instructions a packed ``ex2`` becomes."""
+  lines = [".version 8.0", ".target sm_90a", ".address_size 64"]
+  for i, (asm, constraints, _, _) in enumerate(VARIANTS.values()):
+    reg = "f32" if constraints.startswith("=f") else "b32"
+    body = asm.replace("$0", "%r0").replace("$1", "%r1")
+    lines.append(f".visible .entry k{i}(.param .u64 p) {{ .reg .{reg} %r<2>; .reg .u64 %a; "
+                 f"ld.param.u64 %a, [p]; ld.global.{reg} %r1, [%a]; {body} "
+                 f"st.global.{reg} [%a], %r0; ret; }}")
+  return "\n".join(lines) + "\n"
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default="mufu_out")
   p.add_argument("--iters", type=int, default=500)
   p.add_argument("--clock-ghz", type=float, default=1.98)
   p.add_argument("--variants", default=",".join(VARIANTS))
+  p.add_argument("--ptx", default="", help="also write standalone_ptx() to this path")
   args = p.parse_args()
   os.makedirs(args.out, exist_ok=True)
+  if args.ptx:
+    with open(args.ptx, "w", encoding="utf-8") as f:
+      f.write(standalone_ptx())
   sms = jax.devices()[0].core_count if hasattr(jax.devices()[0], "core_count") else 132
   results = []
   for name in args.variants.split(","):

@@ -5,10 +5,13 @@
 # three-consumer probe at 1x16384x16x128 full.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-timeout -k 5 120 python3 benchmarks/mufu_probe.py --out "$OUT/mufu" 2>&1 | grep -v Warning | cut -c1-400
+timeout -k 5 120 python3 benchmarks/mufu_probe.py --out "$OUT/mufu" --ptx "$OUT/mufu/t.ptx" 2>&1 \
+    | grep -v Warning | cut -c1-400
+# (As run in session 27 the cubin was compiled on the CPU host with its ptxas 13.0 and carried.)
 dis=$(find / -name nvdisasm -type f 2>/dev/null | head -1)
-if [ -n "$dis" ]; then
-  "$dis" -c benchmarks/_probe/t.cubin > "$OUT/mufu/t.sass" 2>&1
+pxs=$(dirname "$dis")/ptxas
+if [ -n "$dis" ] && "$pxs" -arch=sm_90a "$OUT/mufu/t.ptx" -o /tmp/t.cubin; then
+  "$dis" -c /tmp/t.cubin > "$OUT/mufu/t.sass" 2>&1
   grep -E "MUFU|F2FP|F2F|HADD2|FADD|\.entry|Function" "$OUT/mufu/t.sass" | sort | uniq -c | sort -rn | head -30
 else echo "no nvdisasm"; fi
 mkdir -p "$OUT/hang"

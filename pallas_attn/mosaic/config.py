@@ -238,7 +238,7 @@ class Config:
       registers as P V's e4m3 A operand instead of going through shared memory. The 8-bit
       operand layout gives a thread 4 consecutive keys of a 16-key group where the f32
       accumulator gives it keys {2q, 2q+1, 8+2q, 9+2q}, so V's keys are permuted within each
-      group to match (``operands.to_fp8_key_order``, before the kernel) and P's registers are
+      group to match (``fp8_layout.to_fp8_key_order``, before the kernel) and P's registers are
       regrouped without moving data (``operands.p_as_8bit_operand``). On by default: 7% faster
       than P through SMEM at 4x4096x16x128 full (0.858 against 0.927 ms, H100) and 2.2x at
       4x4096x8x256 (0.842 against 1.817, H200), where the defaults' 64-key blocks make the

@@ -2,16 +2,11 @@
 ``fp8_p_registers``)."""
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
-
-# V's key order for P in registers lives with the rest of V's FP8 layout (pure jnp).
-from pallas_attn.fp8_layout import fp8_key_order, to_fp8_key_order  # noqa: F401  pylint: disable=unused-import
 
 
 def q_operands(q_smem, reg_cols: int):
@@ -43,7 +38,7 @@ def p_as_8bit_operand(p8):
   operand layout, with no data movement: in each 16-key group the accumulator layout gives a
   thread keys {2q, 2q+1} and {8 + 2q, 9 + 2q} (two 2-byte registers per row), the 8-bit layout
   keys 4q .. 4q + 3 (one 4-byte register). Concatenating the two registers reads the group's
-  keys in the order ``fp8_key_order``, so P V is right when V's keys were permuted so
+  keys in the order ``fp8_layout.fp8_key_order``, so P V is right when V's keys were permuted so
   (``ops._forward`` does it). Compiled only (the interpreter has no register wgmma operands)."""
   shape = p8.shape
 

@@ -21,12 +21,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as plgpu_triton
 
 from pallas_attn import masks
+from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.vma import match_vma, out_struct, vma
 from pallas_attn.mosaic import autotune, backward, backward_split, kernels
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
-from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import harness as H
-from pallas_attn import fp8, reference
+from pallas_attn import fp8, fp8_layout, reference
 from pallas_attn.mosaic import fp8 as mosaic_fp8
-from pallas_attn.mosaic import default_config, kernels, operands, ops
+from pallas_attn.mosaic import default_config, kernels, ops
 
 
 def _rel(a, b) -> float:
@@ -345,7 +345,7 @@ def test_key_order_makes_the_register_regrouping_compute_p_v():
   rng = np.random.default_rng(0)
   keys, h = 48, 8
   p, v = rng.standard_normal((4, keys)), rng.standard_normal((keys, h))
-  order = operands.fp8_key_order(keys)
+  order = fp8_layout.fp8_key_order(keys)
   assert sorted(order) == list(range(keys))
   operand = np.empty_like(p)            # what the wgmma reads as A at k-position 4q + j
   for g in range(keys // 16):
@@ -355,12 +355,12 @@ def test_key_order_makes_the_register_regrouping_compute_p_v():
       operand[:, 16 * g + 4 * q: 16 * g + 4 * q + 4] = np.concatenate([first, second], axis=1)
   np.testing.assert_allclose(operand @ v[order], p @ v, rtol=1e-12)
   with pytest.raises(ValueError, match="multiple of 16"):
-    operands.fp8_key_order(40)
+    fp8_layout.fp8_key_order(40)
   # The kernel's input takes the same order by a reshape and transpose instead of a gather.
   vt = jnp.asarray(rng.standard_normal((2, 3, keys)), jnp.float32)
-  np.testing.assert_array_equal(operands.to_fp8_key_order(vt), vt[..., order])
+  np.testing.assert_array_equal(fp8_layout.to_fp8_key_order(vt), vt[..., order])
   with pytest.raises(ValueError, match="multiple of 16"):
-    operands.to_fp8_key_order(jnp.zeros((2, 40)))
+    fp8_layout.to_fp8_key_order(jnp.zeros((2, 40)))
 
 
 FORMS = {"p_smem": dict(fp8_p_registers=False, overlap=False),
