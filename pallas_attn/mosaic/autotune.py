@@ -30,7 +30,8 @@ ENV_VAR = "PALLAS_ATTN_TUNE_CACHE"
 
 
 def search_space(*, head_dim: int, seq_k: int, causal: bool) -> tuple[Config, ...]:
-  """Tiles, ring depth and launch style around ``default_config``: every other field (the
+  """Tiles, ring depth, launch style and (at head dim 128) the consumer count around
+  ``default_config``: every other field (the
   backward, the measured forward flags) stays at the default, so a cached winner never silently
   switches to e.g. the slower Mosaic backward."""
   base = default_config(head_dim=head_dim, seq_k=seq_k, masked=causal)
@@ -43,9 +44,17 @@ def search_space(*, head_dim: int, seq_k: int, causal: bool) -> tuple[Config, ..
   # tile_size_fwd_sm90: 80 at 256, 176 at 128 unmasked; 192 at 64), which the V ring's narrower
   # swizzle allows (operands.pv_swizzle).
   fa3 = {64: (192,), 128: () if causal else (176,), 256: (80,)}.get(hp, ())
-  return tuple(dataclasses.replace(base, block_q=bq, block_kv=bkv, num_stages=st, persistent=p)
-               for bq in (64, 128) for bkv in (64, 128, 256) + fa3 for st in (2, 3)
-               for p in launches)
+  two = tuple(dataclasses.replace(base, block_q=bq, block_kv=bkv, num_stages=st, persistent=p,
+                                  consumers=2)
+              for bq in (64, 128) for bkv in (64, 128, 256) + fa3 for st in (2, 3)
+              for p in launches)
+  # Three consumers (the default on long unmasked rows) only at head dim 128, where 64-row
+  # tiles with 64- or 128-key blocks fit their 160 registers a thread; the grid launch (the
+  # persistent one is written for two).
+  three = tuple(dataclasses.replace(base, block_q=64, block_kv=bkv, num_stages=st,
+                                    persistent=False, consumers=3)
+                for bkv in (64, 128) for st in (2, 3)) if hp == 128 else ()
+  return two + three
 
 
 def cache_path() -> str:

@@ -68,13 +68,27 @@ def test_search_space_keeps_the_default_flags(causal):
   from pallas_attn.mosaic import default_config
   base = default_config(head_dim=128, seq_k=4096, masked=causal)
   space = autotune.search_space(head_dim=128, seq_k=4096, causal=causal)
-  # 2 block_q x (64, 128, 256 keys, and FA3's 176 unmasked) x 2 ring depths x 2 launches
-  assert len(space) == len(set(space)) == (24 if causal else 32) and base in space
-  varied = {"block_q", "block_kv", "num_stages", "persistent"}
+  # 2 block_q x (64, 128, 256 keys, and FA3's 176 unmasked) x 2 ring depths x 2 launches,
+  # then three consumers: (64, 128 keys) x 2 ring depths on the grid
+  assert len(space) == len(set(space)) == (28 if causal else 36) and base in space
+  varied = {"block_q", "block_kv", "num_stages", "persistent", "consumers"}
   for cfg in space:
     for field in Config.__dataclass_fields__:
       if field not in varied:
         assert getattr(cfg, field) == getattr(base, field), field
+
+
+def test_search_space_holds_the_three_consumer_default():
+  """Long unmasked H = 128 rows default to three consumers (session 27): the space holds that
+  default, tries two consumers there too, and gives three only to H = 128."""
+  base = default_config(head_dim=128, seq_k=16384, masked=False)
+  space = autotune.search_space(head_dim=128, seq_k=16384, causal=False)
+  assert base.consumers == 3 and base in space
+  assert {cfg.consumers for cfg in space} == {2, 3}
+  assert all(cfg.block_q == 64 and not cfg.persistent for cfg in space if cfg.consumers == 3)
+  for h in (64, 256):
+    assert {cfg.consumers for cfg in autotune.search_space(head_dim=h, seq_k=16384,
+                                                           causal=False)} == {2}
 
 
 def test_search_space_tries_the_persistent_launch_where_it_is_a_default():
