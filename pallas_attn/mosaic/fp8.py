@@ -25,8 +25,9 @@ from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 # takes them from 16384 unmasked keys only, where they gained 1%: FP8's step is shorter, so
 # a third consumer's softmax hides more of it). H100, session 26
 # (benchmarks/results/fp8/2026-12-05_s26_three_consumers_h100.json, the kernel alone, one
-# process): 1x16384x16x128 full 2.579 -> 2.288 ms, causal 1.395 -> 1.327; 2x8192 full 1.327 -> 1.227, causal 0.764 -> 0.756. At 4096 keys it was 4% faster unmasked and
-# slower causal (session 25), so shorter rows keep two; at H = 256 ptxas runs out of registers.
+# process): 1x16384x16x128 full 2.579 -> 2.288 ms, causal 1.395 -> 1.327; 2x8192 full
+# 1.327 -> 1.227, causal 0.764 -> 0.756. At 4096 keys it was 4% faster unmasked and slower
+# causal (session 25), so shorter rows keep two; at H = 256 ptxas runs out of registers.
 THREE_CONSUMERS_FROM = 8192
 
 
