@@ -12,3 +12,6 @@ mkdir -p "$OUT/kv"
 timeout -k 5 200 python3 benchmarks/attention_fp8.py --out "$OUT/kv" --budget-s 180 --breakdown \
     --rows 16x1024x16x128,4x4096x16x128,1x16384x16x128 --causal 0 \
     --impls "fp8-kv,fp8-kv-bskd,fp8,bf16,cudnn" 2>&1 | grep "ms\|rror" | cut -c1-160
+# (3) XLA's Q quantisation with the scale from the row's norm (fusable into the rotation's dot)
+# against today's amax path and the fused Pallas pass, each kernel timed.
+timeout -k 5 90 python3 benchmarks/fp8_quant_probe.py --out "$OUT/quant" 2>&1 | cut -c1-160
