@@ -23,7 +23,9 @@ host's ptxas (CUDA 13.0), the same three lines and the same 480 bytes.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -134,6 +136,15 @@ def compile_for_sm90(fn, *args) -> None:
   lowered.compile()
 
 
+def _with_overrides(cfg, spec: str):
+  """``cfg`` with the fields of ``--set`` (``"a=1,b=True"``) replaced."""
+  if not spec:
+    return cfg
+  fields = {k.strip(): ast.literal_eval(v.strip())
+            for k, v in (item.split("=", 1) for item in spec.split(","))}
+  return dataclasses.replace(cfg, **fields)
+
+
 def _attn_job(args):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -141,6 +152,7 @@ def _attn_job(args):
   h, n, kh = args.head_dim, args.heads, args.kv_heads or args.heads
   cfg = (eval(args.config, {"Config": Config}) if args.config  # pylint: disable=eval-used
          else default_config(head_dim=h, seq_k=args.seq, masked=args.causal))
+  cfg = _with_overrides(cfg, args.set)
   q = jax.ShapeDtypeStruct((args.batch, args.seq, n, h), jnp.bfloat16)
   kv = jax.ShapeDtypeStruct((args.batch, args.seq, kh, h), jnp.bfloat16)
   hp = ops.padded_head_dim(h)
@@ -162,6 +174,9 @@ def _fp8_job(args):
   b, t, n, h = args.batch, args.seq, args.heads, args.head_dim
   cfg = (eval(args.config, {"Config": Config}) if args.config  # pylint: disable=eval-used
          else None)
+  if args.set:
+    cfg = _with_overrides(cfg or mosaic_fp8.fp8_default_config(
+        head_dim=h, seq_k=t, masked=args.causal), args.set)
   codes = jax.ShapeDtypeStruct((b, t, n, h), jnp.float8_e4m3fn)
   rows = jax.ShapeDtypeStruct((b, n, t), jnp.float32)
   chans = jax.ShapeDtypeStruct((b, n, h), jnp.float32)
@@ -189,6 +204,8 @@ def _w4a16_job(args):
       zeros=i32(k // gs, n), perm=None, bits=4, group_size=gs, sym=False, shape=(k, n))
   cfg = (eval(args.config, {"MosaicConfig": MosaicConfig})  # pylint: disable=eval-used
          if args.config else None)
+  if args.set:
+    cfg = _with_overrides(cfg, args.set)
   block_k = args.block_k or (cfg.block_k if cfg else None)
   mw = jax.eval_shape(lambda qw: layout.prepare_mosaic(qw, block_k=block_k), qw)
   x = jax.ShapeDtypeStruct((args.m, k), jnp.bfloat16)
@@ -226,6 +243,8 @@ def main() -> int:
   ap.add_argument("job", choices=sorted(JOBS))
   ap.add_argument("--config", default="", help="Config(...) / MosaicConfig(...) expression; "
                   "default: the library's heuristic for the shape")
+  ap.add_argument("--set", default="", help="fields to replace in the config, e.g. "
+                  "'bwd_registers=240,named_free=False' (attn: over the default for the shape)")
   ap.add_argument("--grad", action="store_true", help="attn: forward and backward")
   ap.add_argument("--causal", action="store_true")
   ap.add_argument("--head-dim", type=int, default=128)
