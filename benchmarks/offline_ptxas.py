@@ -15,12 +15,20 @@ benchmarks/offline_setup.sh``. Then, e.g.::
   .venv/bin/python benchmarks/offline_ptxas.py fp8 --seq 4096
   .venv/bin/python benchmarks/offline_ptxas.py w4a16 --m 1 --k 8192 --n 28672 \
       --config "MosaicConfig(block_n=64, block_k=512, num_stages=4, split_k=2)"
+  PYTHONPATH=/tmp/site:.whl/stubs .venv/bin/python benchmarks/offline_ptxas.py tokamax \
+      --head-dim 256 --heads 8 --batch 4 --seq 4096 --sass      # the peer, same report
+
+(``/tmp/site``: ``pip install --no-deps --target /tmp/site .whl/*.whl``.) Each job prints one
+line per kernel; ``--keep DIR`` keeps the PTX, the report and the SASS; ``loop_histograms``
+gives the opcode counts of each SASS loop that issues wgmmas.
 
 Checked against the device: session 13's writer backward gave C7507, C7512 and 480 bytes of
 spill stores on the H200 (``results/attention/2026-12-03_s13_ptxas_writer.txt``); here, with the
 host's ptxas (CUDA 13.0), the same three lines and the same 480 bytes.
 """
 from __future__ import annotations
+
+# pylint: disable=import-outside-toplevel  (jax is imported only after _bootstrap)
 
 import argparse
 import ast
@@ -96,6 +104,28 @@ def sass_histogram(sass: str) -> dict[str, int]:
   return dict(collections.Counter(ops).most_common())
 
 
+def loop_histograms(sass: str) -> list[dict]:
+  """The loops of a SASS listing (a backward ``BRA`` to a label) that contain HGMMA: their
+  instruction range, length and opcode histogram (the steady state of a kernel, where static
+  counts say the most)."""
+  labels, instrs = {}, []
+  for line in sass.splitlines():
+    if m := re.match(r"\s*(\.L_x_\d+):", line):
+      labels[m.group(1)] = len(instrs)
+    elif m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]\s+)?([A-Z][A-Z0-9_]*)(.*)", line):
+      instrs.append((m.group(1), m.group(2)))
+  loops = []
+  for end, (op, rest) in enumerate(instrs):
+    target = re.search(r"(\.L_x_\d+)", rest) if op == "BRA" else None
+    start = labels.get(target.group(1)) if target else None
+    if start is not None and start <= end:
+      ops = collections.Counter(o for o, _ in instrs[start:end + 1])
+      if ops["HGMMA"]:
+        loops.append(dict(start=start, end=end, length=end + 1 - start,
+                          ops=dict(ops.most_common())))
+  return loops
+
+
 def _tool(name: str) -> str | None:
   return shutil.which(name) or shutil.which(name, path=os.path.join(KIT, "bin"))
 
@@ -120,9 +150,9 @@ def compile_for_sm90(fn, *args) -> None:
   """Compile ``jax.jit(fn)`` on abstract ``args`` (pytrees of ShapeDtypeStruct) for one H100,
   without a GPU: the arguments are placed on a compile-only device of a deviceless topology,
   and traced under an abstract GPU mesh (what the kernels' wrappers ask the device for)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax._src import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax._src import mesh as mesh_lib
+  from jax.experimental import topologies
   topo = topologies.get_topology_desc(platform="cuda", topology_name="",
                                       target_config=H100_TARGET, topology="1x1x1")
   sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
@@ -146,9 +176,9 @@ def _with_overrides(cfg, spec: str):
 
 
 def _attn_job(args):
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from pallas_attn.mosaic import Config, default_config, ops  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  from pallas_attn.mosaic import Config, default_config, ops
   h, n, kh = args.head_dim, args.heads, args.kv_heads or args.heads
   cfg = (eval(args.config, {"Config": Config}) if args.config  # pylint: disable=eval-used
          else default_config(head_dim=h, seq_k=args.seq, masked=args.causal))
@@ -166,10 +196,10 @@ def _attn_job(args):
 
 
 def _fp8_job(args):
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from pallas_attn.mosaic import Config, ops  # pylint: disable=import-outside-toplevel
-  from pallas_attn.mosaic import fp8 as mosaic_fp8  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  from pallas_attn.mosaic import Config, ops
+  from pallas_attn.mosaic import fp8 as mosaic_fp8
   ops._on_hopper = lambda: True  # pylint: disable=protected-access
   b, t, n, h = args.batch, args.seq, args.heads, args.head_dim
   cfg = (eval(args.config, {"Config": Config}) if args.config  # pylint: disable=eval-used
@@ -191,12 +221,12 @@ def _fp8_job(args):
 
 
 def _w4a16_job(args):
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import quant  # pylint: disable=import-outside-toplevel
-  from quant.matmul import layout  # pylint: disable=import-outside-toplevel
-  from quant.matmul import mosaic as w4_mosaic  # pylint: disable=import-outside-toplevel
-  from quant.matmul.config import MosaicConfig  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  import quant
+  from quant.matmul import layout
+  from quant.matmul import mosaic as w4_mosaic
+  from quant.matmul.config import MosaicConfig
   k, n, gs = args.k, args.n, args.group_size
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   qw = quant.QuantizedWeight(
@@ -213,7 +243,33 @@ def _w4a16_job(args):
   return fn, (x, mw), repr(cfg)
 
 
-JOBS = {"attn": _attn_job, "fp8": _fp8_job, "w4a16": _w4a16_job}
+def _tokamax_job(args):
+  """tokamax's Mosaic attention (the peer in issue #3's table) on the same shapes; needs
+  tokamax importable (e.g. PYTHONPATH with ``pip install --no-deps --target`` of ``.whl``)."""
+  import jax
+  import jax.numpy as jnp
+  import tokamax
+  h, n, kh = args.head_dim, args.heads, args.kv_heads or args.heads
+  q = jax.ShapeDtypeStruct((args.batch, args.seq, n, h), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((args.batch, args.seq, kh, h), jnp.bfloat16)
+
+  from tokamax._src import config as tk_config
+  from tokamax._src.ops.attention import pallas_mosaic_gpu as tk_mgpu
+  gpu = tk_mgpu.gpu_utils                   # its sm checks ask the (absent) device
+  gpu.has_mosaic_gpu_support = lambda *a, **k: True
+  gpu.is_sm80, gpu.is_sm90, gpu.is_sm100 = (
+      (lambda *a, v=v, **k: v) for v in (False, True, False))
+
+  def loss(q, k, v):
+    with tk_config.cross_compile(True):      # its device check would see the CPU
+      out = tokamax.dot_product_attention(q, k, v, is_causal=args.causal,
+                                          implementation="mosaic_gpu")
+    return out.astype(jnp.float32).sum()
+  fn = jax.grad(loss, argnums=(0, 1, 2)) if args.grad else loss
+  return fn, (q, kv, kv), "tokamax " + getattr(tokamax, "__version__", "?")
+
+
+JOBS = {"attn": _attn_job, "fp8": _fp8_job, "w4a16": _w4a16_job, "tokamax": _tokamax_job}
 
 
 def report(dump_dir: str, *, sass: bool) -> list[dict]:
@@ -234,6 +290,7 @@ def report(dump_dir: str, *, sass: bool) -> list[dict]:
         with open(os.path.join(dump_dir, base + ".sass"), "w") as f:
           f.write(text)
         fn["sass"] = sass_histogram(text)
+        fn["sass_loops"] = loop_histograms(text)
       kernels.append(fn)
   return kernels
 

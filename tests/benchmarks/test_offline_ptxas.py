@@ -68,3 +68,20 @@ def test_forward_compiles_for_sm90_without_spills(tmp_path):
   (fwd,) = json.loads(out.read_text())["kernels"]
   assert fwd["module"].startswith("flash_attention_fwd")
   assert fwd["registers"] == 168 and fwd["spill_stores"] == 0 and fwd["codes"] == []
+
+
+def test_loop_histograms_finds_the_wgmma_loop():
+  sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_3:
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;
+        /*0020*/                   MUFU.EX2 R3, R3 ;
+        /*0030*/              @P0 BRA `(.L_x_3) ;
+.L_x_4:
+        /*0040*/                   FADD R2, R2, R3 ;
+        /*0050*/              @P1 BRA `(.L_x_4) ;
+        /*0060*/                   EXIT ;
+  """
+  (loop,) = O.loop_histograms(sass)
+  assert (loop["start"], loop["end"], loop["length"]) == (1, 3, 3)
+  assert loop["ops"] == {"HGMMA": 1, "MUFU": 1, "BRA": 1}
