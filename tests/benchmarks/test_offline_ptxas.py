@@ -57,17 +57,53 @@ def test_sass_histogram_strips_predicates_and_modifiers():
   assert O.sass_histogram(sass) == {"HGMMA": 2, "MUFU": 1, "STL": 1}
 
 
-@pytest.mark.skipif(not (pathlib.Path(O.KIT) / "site" / "jax_plugins").is_dir(),
-                    reason="offline CUDA kit not set up (bash benchmarks/offline_setup.sh)")
+needs_kit = pytest.mark.skipif(
+    not (pathlib.Path(O.KIT) / "site" / "jax_plugins").is_dir(),
+    reason="offline CUDA kit not set up (bash benchmarks/offline_setup.sh)")
+
+# ptxas advisories that mean the tensor cores wait: wgmma serialised (C7510-C7515) or a
+# setmaxnreg split ignored (C7507).
+SERIALISING = {"C7507", "C7510", "C7511", "C7512", "C7513", "C7514", "C7515"}
+
+
+def _report(tmp_path, *args) -> list[dict]:
+  out = tmp_path / "report.json"
+  subprocess.run([sys.executable, str(BENCH / "offline_ptxas.py"), *args, "--json", str(out)],
+                 check=True, capture_output=True, timeout=600)
+  return json.loads(out.read_text())["kernels"]
+
+
+@needs_kit
 def test_forward_compiles_for_sm90_without_spills(tmp_path):
   """The default bf16 forward at H = 128, compiled for sm_90a with no GPU: 168 registers a
   thread (the setmaxnreg split of three warpgroups) and no spills."""
-  out = tmp_path / "report.json"
-  subprocess.run([sys.executable, str(BENCH / "offline_ptxas.py"), "attn", "--json", str(out)],
-                 check=True, capture_output=True, timeout=600)
-  (fwd,) = json.loads(out.read_text())["kernels"]
+  (fwd,) = _report(tmp_path, "attn")
   assert fwd["module"].startswith("flash_attention_fwd")
   assert fwd["registers"] == 168 and fwd["spill_stores"] == 0 and fwd["codes"] == []
+
+
+# (job arguments, the most spill-store bytes any kernel of the job may have). Budgets are
+# session 28's figures with ptxas 13.0, rounded up: a change that spills more, or makes ptxas
+# serialise wgmmas, shows here before it costs device time.
+DEFAULTS = [
+    (("attn", "--grad"), 32),
+    (("attn", "--grad", "--causal"), 200),
+    (("attn", "--grad", "--head-dim", "64", "--causal"), 0),
+    (("fp8", "--seq", "4096"), 0),
+    (("w4a16", "--m", "1"), 0),
+    (("w4a16", "--m", "64", "--k", "28672", "--n", "8192"), 0),
+]
+
+
+@needs_kit
+@pytest.mark.parametrize("args,max_spill", DEFAULTS, ids=lambda a: "-".join(map(str, a))
+                         if isinstance(a, tuple) else str(a))
+def test_default_kernels_keep_their_registers(tmp_path, args, max_spill):
+  kernels = _report(tmp_path, *args)
+  assert kernels
+  for k in kernels:
+    assert not SERIALISING & set(k["codes"]), (k["module"], k["codes"])
+    assert k["spill_stores"] <= max_spill, (k["module"], k["spill_stores"])
 
 
 def test_loop_histograms_finds_the_wgmma_loop():
