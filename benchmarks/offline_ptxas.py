@@ -185,14 +185,20 @@ def _attn_job(args):
   cfg = _with_overrides(cfg, args.set)
   q = jax.ShapeDtypeStruct((args.batch, args.seq, n, h), jnp.bfloat16)
   kv = jax.ShapeDtypeStruct((args.batch, args.seq, kh, h), jnp.bfloat16)
+  seg = jax.ShapeDtypeStruct((args.batch, args.seq), jnp.int32)
+  extra = (seg if args.segments else None, seg if args.segments else None,
+           jax.ShapeDtypeStruct((args.batch,), jnp.int32) if args.kv_lengths else None)
+  window = tuple(None if w == "none" else int(w) for w in args.window.split(",")) \
+      if args.window else None
   hp = ops.padded_head_dim(h)
 
-  def loss(q, k, v):
-    out, _ = ops._attention(q, k, v, None, None, None, args.causal, h ** -0.5, None, None, cfg,
-                            hp, False)  # pylint: disable=protected-access
+  def loss(q, k, v, q_seg, kv_seg, kv_lengths):
+    out, _ = ops._attention(  # pylint: disable=protected-access
+        q, k, v, q_seg, kv_seg, kv_lengths, args.causal, h ** -0.5, window, args.softcap, cfg,
+        hp, False)
     return out.astype(jnp.float32).sum()
   fn = jax.grad(loss, argnums=(0, 1, 2)) if args.grad else loss
-  return fn, (q, kv, kv), repr(cfg)
+  return fn, (q, kv, kv, *extra), repr(cfg)
 
 
 def _fp8_job(args):
@@ -307,6 +313,10 @@ def main() -> int:
   ap.add_argument("--head-dim", type=int, default=128)
   ap.add_argument("--heads", type=int, default=2)
   ap.add_argument("--kv-heads", type=int, default=0, help="attn: GQA (default: --heads)")
+  ap.add_argument("--segments", action="store_true", help="attn: packed-sequence segment ids")
+  ap.add_argument("--kv-lengths", action="store_true", help="attn: per-row key lengths")
+  ap.add_argument("--window", default="", help="attn: 'left,right' (either may be 'none')")
+  ap.add_argument("--softcap", type=float, default=None, help="attn: logit softcap")
   ap.add_argument("--batch", type=int, default=1)
   ap.add_argument("--seq", type=int, default=1024)
   ap.add_argument("--m", type=int, default=1)

@@ -370,8 +370,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything
 
     def probs_t(s, i, slot, masked: bool):
-      """k.q (transposed tile) -> (P^T, tanh of the softcap | None); P^T is exactly 0 where
-      the mask hides a logit."""
+      """k.q (transposed tile) -> (P^T, G^T): P^T is exactly 0 where the mask hides a logit,
+      and G^T is the factor of dS^T = G^T (dP^T - D): P^T, or with a softcap P^T (1 - t^2)
+      formed here, so that tanh's tile t does not stay live until dS^T (32 registers a
+      thread: the causal softcap consumer spilled 652 bytes with it; NOTES, session 28)."""
       s2, t = _logits2(s, st)
       lse2 = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 0], layout=col), shape, [1])
       pt = jnp.exp2(s2 - lse2)
@@ -380,16 +382,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
                                     qseg_ref=qseg_smem.at[slot] if st.has_segments else None,
                                     kv_seg=kv_seg, shape=shape, st=st)
         pt = jnp.where(mask, pt, 0.0)
-      return pt, t
+      return pt, (pt if t is None else pt * (1.0 - t * t))
 
-    def grad_logits_t(pt, dpt, slot, t):
-      """dS^T = P^T (dP^T - D). D (16 registers a thread as a column broadcast) is read from
-      SMEM here, after dP^T, rather than beside lse: live across the dV issue it pushed the
-      consumer over its registers. And no mask: P^T is already 0 wherever it would hide dS^T
-      (dP^T and D are finite). Both cut ptxas's spills at H = 128 (1x1024x2x128, CUDA 13.0):
-      full 52 -> 16 bytes, causal 456 -> 164 (benchmarks/NOTES.md, session 28)."""
+    def grad_logits_t(gt, dpt, slot):
+      """dS^T = G^T (dP^T - D) in the matmul dtype. D (16 registers a thread as a column
+      broadcast) is read from SMEM here, after dP^T, rather than beside lse: live across the
+      dV issue it pushed the consumer over its registers. And no mask: G^T is already 0
+      wherever it would hide dS^T (dP^T and D are finite). Both cut ptxas's spills at H = 128
+      (1x1024x2x128, CUDA 13.0): full 52 -> 16 bytes, causal 456 -> 164 (NOTES, session 28)."""
       delta = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 1], layout=col), shape, [1])
-      return _grad_logits(pt, dpt, delta, t, None, k_smem.dtype)
+      return _grad_logits(gt, dpt, delta, None, None, k_smem.dtype)
 
     def wait_inputs(slot):
       plgpu.barrier_wait(q_ready.at[slot])
@@ -402,14 +404,14 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dk, dv = carry
       slot = lax.rem(n * per_head + (i - lo), stages)
       wait_inputs(slot)
-      pt, t = probs_t(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot,
-                      masked)
+      pt, gt = probs_t(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot,
+                       masked)
       plgpu.barrier_wait(do_ready.at[slot])
       dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot], pt_smem,
                        registers=st.registers_pv)
       dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
       release_do(slot)
-      dst = grad_logits_t(pt, dpt, slot, t)
+      dst = grad_logits_t(gt, dpt, slot)
       dk = _matmul_acc(dk, dst, q_smem.at[slot], pt_smem, registers=st.registers_pv)
       if fdq is not None:
         fdq.step(n * per_head + (i - lo), dst)
@@ -433,7 +435,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
-        pt, t = probs_t(s, i, slot, masked)
+        pt, gt = probs_t(s, i, slot, masked)
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
           # a register operand they stay live until this wgmma retires, across the dS^T maths
@@ -446,7 +448,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
-        return grad_logits_t(pt, dpt, slot, t)
+        return grad_logits_t(gt, dpt, slot)
       acc = plgpu.ACC(shape, jnp.float32)
       dst = pl.run_scoped(scores, acc, acc)
       issue_dk = lambda: plgpu.wgmma(dk_acc, dst, q_smem.at[slot])

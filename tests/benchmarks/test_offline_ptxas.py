@@ -88,6 +88,8 @@ def test_forward_compiles_for_sm90_without_spills(tmp_path):
 DEFAULTS = [
     (("attn", "--grad"), 32),
     (("attn", "--grad", "--causal"), 200),
+    (("attn", "--grad", "--causal", "--softcap", "30"), 320),
+    (("attn", "--grad", "--causal", "--segments"), 256),
     (("attn", "--grad", "--head-dim", "64", "--causal"), 0),
     (("fp8", "--seq", "4096"), 0),
     (("w4a16", "--m", "1"), 0),
