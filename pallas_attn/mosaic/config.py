@@ -103,8 +103,10 @@ class Config:
       loop: the Mosaic GPU interpreter has no register operands for wgmma). Correct but measured
       1.1-1.9x slower than the plain loop on the H200 (register pressure; benchmarks/NOTES.md),
       so off by default. The FP8 forward takes it with ``fp8_p_registers`` (the FP8 step is
-      latency-bound on the softmax: Nsight Compute, session 24); it lowers for sm90 there but
-      has not yet run compiled.
+      latency-bound on the softmax: Nsight Compute, session 24); there it is correct but
+      18-31% slower (H200, session 25): ptxas serialises every wgmma of that kernel (C7513:
+      P's e4m3 registers are written while the next S wgmma is in flight; found with
+      ``benchmarks/offline_ptxas.py``, session 28). The bf16 overlap draws no such code.
     fold_scale: keep the logits unscaled until the softmax: the row max is taken on q.k and
       2^(c q.k - m) is one FMA per element instead of a multiply and a subtract (exact maths,
       different rounding; FA3 Section 3.1 on the non-matmul FLOPs). Ignored for scale <= 0.
