@@ -105,9 +105,9 @@ def sass_histogram(sass: str) -> dict[str, int]:
 
 
 def loop_histograms(sass: str) -> list[dict]:
-  """The loops of a SASS listing (a backward ``BRA`` to a label) that contain HGMMA: their
-  instruction range, length and opcode histogram (the steady state of a kernel, where static
-  counts say the most)."""
+  """The loops of a SASS listing (a backward ``BRA`` to a label) that issue tensor-core work
+  (HGMMA: wgmma; HMMA: mma.sync): their instruction range, length and opcode histogram (the
+  steady state of a kernel, where static counts say the most)."""
   labels, instrs = {}, []
   for line in sass.splitlines():
     if m := re.match(r"\s*(\.L_x_\d+):", line):
@@ -120,7 +120,7 @@ def loop_histograms(sass: str) -> list[dict]:
     start = labels.get(target.group(1)) if target else None
     if start is not None and start <= end:
       ops = collections.Counter(o for o, _ in instrs[start:end + 1])
-      if ops["HGMMA"]:
+      if ops["HGMMA"] or ops["HMMA"]:
         loops.append(dict(start=start, end=end, length=end + 1 - start,
                           ops=dict(ops.most_common())))
   return loops
