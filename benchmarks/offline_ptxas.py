@@ -310,20 +310,16 @@ def main() -> int:
                   "'bwd_registers=240,named_free=False' (attn: over the default for the shape)")
   ap.add_argument("--grad", action="store_true", help="attn: forward and backward")
   ap.add_argument("--causal", action="store_true")
-  ap.add_argument("--head-dim", type=int, default=128)
-  ap.add_argument("--heads", type=int, default=2)
-  ap.add_argument("--kv-heads", type=int, default=0, help="attn: GQA (default: --heads)")
+  # Shapes: attention [batch, seq, heads, head_dim] (kv_heads 0: as many as heads; fewer:
+  # GQA); W4A16 x [m, k] @ W [k, n] in groups (block_k 0: the layout's default K step).
+  for name, default in (("--head-dim", 128), ("--heads", 2), ("--kv-heads", 0), ("--batch", 1),
+                        ("--seq", 1024), ("--m", 1), ("--k", 8192), ("--n", 28672),
+                        ("--group-size", 128), ("--block-k", 0)):
+    ap.add_argument(name, type=int, default=default)
   ap.add_argument("--segments", action="store_true", help="attn: packed-sequence segment ids")
   ap.add_argument("--kv-lengths", action="store_true", help="attn: per-row key lengths")
   ap.add_argument("--window", default="", help="attn: 'left,right' (either may be 'none')")
   ap.add_argument("--softcap", type=float, default=None, help="attn: logit softcap")
-  ap.add_argument("--batch", type=int, default=1)
-  ap.add_argument("--seq", type=int, default=1024)
-  ap.add_argument("--m", type=int, default=1)
-  ap.add_argument("--k", type=int, default=8192)
-  ap.add_argument("--n", type=int, default=28672)
-  ap.add_argument("--group-size", type=int, default=128)
-  ap.add_argument("--block-k", type=int, default=0, help="w4a16: the prepared layout's K step")
   ap.add_argument("--sass", action="store_true", help="also count SASS opcodes (nvdisasm)")
   ap.add_argument("--keep", default="", help="copy the dump (PTX, ptxas report, SASS) here")
   ap.add_argument("--json", default="", help="write the report here")
