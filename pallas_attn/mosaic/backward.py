@@ -142,15 +142,20 @@ def _split_refs(refs, st: Statics, has_meta: bool):
 # ----------------------------------------------------------------------------------------------
 
 def dq_kernel(*refs, st: Statics, has_meta: bool):
-  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg], dq, smem, barriers.
+  """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, o], dq[, rows_out], smem, barriers.
 
-  ``rows`` is [B, N, 2, T] float32: L2 and D side by side, one TMA per tile.
+  ``rows`` is [B, N, 2, T] float32: L2 and D side by side, one TMA per tile. With
+  ``st.delta_in_dq`` its second row holds -dlse only: the consumers add rowsum(dO * O) from
+  ``o`` and write the finished record to ``rows_out`` for the dK/dV kernel.
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
-  dq_ref, smem, bars = rest
+  if st.delta_in_dq:
+    o_ref, dq_ref, rows_out_ref, smem, bars = rest
+  else:
+    (dq_ref, smem, bars), o_ref, rows_out_ref = rest, None, None
   (q_smem2, do_smem2, rows_smem2, k_smem, v_smem, meta_smem, qseg_smem2, kvseg_smem,
-   ds_smem2) = smem
+   ds_smem2, o_smem2) = smem
   k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free = bars
   bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   (release_k, release_v), waits = slot_releases((k_free, v_free), st, stages=(stages, v_ring))
@@ -172,15 +177,29 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
     plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem, q_ready.at[3 * wg + 1])
     plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem2.at[wg],
                             q_ready.at[3 * wg + 2])
+    if st.delta_in_dq:
+      plgpu.copy_gmem_to_smem(o_ref.at[batch, rows, head], o_smem2.at[wg],
+                              q_ready.at[4 * COMPUTE_WGS + wg])
     for i in range(3):
       plgpu.barrier_wait(q_ready.at[3 * wg + i])
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    if st.delta_in_dq:
+      # D = rowsum(dO * O) - dlse for this consumer's rows, once per CTA; the dK/dV kernel
+      # reads it from the record written here (it runs after this kernel).
+      plgpu.barrier_wait(q_ready.at[4 * COMPUTE_WGS + wg])
+      do_o = (plgpu.load(do_smem2.at[wg], (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+              * plgpu.load(o_smem2.at[wg], (), layout=plgpu.Layout.WGMMA).astype(jnp.float32))
+      delta = do_o.sum(axis=1) + plgpu.load(rows_smem2.at[wg, 1], layout=row_layout)
+      rows_smem2.at[wg, 1][...] = delta
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(rows_smem2.at[wg], rows_out_ref.at[batch, head, :, rows])
     # ``st.qdo_regs``: Q and dO, the same for every K/V block, as register A operands of S and
     # dP (H / 2 registers a thread each): the step's SMEM reads drop from 80 to 48 KB a consumer
     # (operands.q_operands says why that matters).
     q_op, do_op = (q_smem[...], do_smem[...]) if st.qdo_regs else (q_smem, do_smem)
-    row_layout = plgpu.Layout.WGMMA.reduce(1)
     lse2 = plgpu.load(rows_smem2.at[wg, 0], layout=row_layout)
-    delta = plgpu.load(rows_smem2.at[wg, 1], layout=row_layout)
+    if not st.delta_in_dq:
+      delta = plgpu.load(rows_smem2.at[wg, 1], layout=row_layout)
     q_seg = None
     if st.has_segments:
       plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem2.at[wg],
@@ -567,11 +586,13 @@ def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
       plgpu.SMEM((COMPUTE_WGS, bq), jnp.int32) if st.has_segments else None,
       plgpu.SMEM((stages, bkv), jnp.int32) if st.has_segments else None,
       None if st.registers_pv else plgpu.SMEM((COMPUTE_WGS, bq, bkv), dtype, transforms=_TILED),
+      plgpu.SMEM((COMPUTE_WGS, bq, head_dim), dtype, transforms=_TILED) if st.delta_in_dq
+      else None,                                                                # O
   )
   bars = (
       plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=v_ring),
       plgpu.Barrier(num_barriers=stages),
-      plgpu.Barrier(num_barriers=4 * COMPUTE_WGS),                             # per-WG loads
+      plgpu.Barrier(num_barriers=5 * COMPUTE_WGS),                             # per-WG loads
       plgpu.Barrier(num_barriers=1),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=v_ring),

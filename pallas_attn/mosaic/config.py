@@ -221,6 +221,14 @@ class Config:
       dQ kernel: 1.598 ms (232 registers) / 1.414 ms (240) against 1.563 (240, overlapped) at
       4x4096x8x256 full; causal 0.954 / 0.880 against 0.955 (ptxas: 340-380 bytes of spills
       either way, from 460-492 with one K/V slot). Default for head dims over 128 only.
+    bwd_delta_in_dq: D = rowsum(dO * O) (FA2 Algorithm 2, line 4) computed by the dQ kernel's
+      consumers for their own rows (O loaded once per CTA beside Q and dO) and handed to the
+      dK/dV kernel in the [B, N, 2, T] row record the dQ kernel writes, instead of a separate
+      pre-pass kernel over dO and O (~0.04 ms per 2^25 elements each: 3-5% of fwd+bwd at
+      16x1024x16x128). Served where the O buffer fits in the dQ kernel's shared memory next to
+      its full rings (H <= 128) and the two-kernel backward runs; else the pre-pass. Summation
+      order differs from the pre-pass (D to ~1 ulp). Off until timed (benchmarks/NOTES.md,
+      session 28).
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -281,6 +289,7 @@ class Config:
   bwd_dq_regs: bool = False
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
+  bwd_delta_in_dq: bool = False
   seq_major: bool = False
   fp8_p_registers: bool = True
 

@@ -105,6 +105,7 @@ class Statics:
   v_stages: int = 0             # V ring depth where it differs from K's (0: the same): the dQ
                                 # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
+  delta_in_dq: bool = False     # dQ kernel: D = rowsum(dO * O) for its rows, written with lse
   lazy_rescale: float = 0.0     # forward: keep stale row maxima until one grows by more (FA4)
   fp8: bool = False             # forward: Q, K, P and V (given transposed, [B, K, H, S]) in
                                 # float8_e4m3fn, with per-query and per-key float32 scales

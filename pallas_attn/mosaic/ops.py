@@ -215,6 +215,10 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                             **common)
     if dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
       break
+  # ``bwd_delta_in_dq``: only where O's buffer fits next to the rings just chosen.
+  with_delta = dataclasses.replace(st_dq, delta_in_dq=True)
+  if cfg.bwd_delta_in_dq and dq_smem_bytes(st=with_delta, head_dim=hp) <= SMEM_LIMIT_BYTES:
+    st_dq = with_delta
   st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq,
                             num_stages=cfg.bwd_num_stages, **common)
   return st_dq, st_dkdv
@@ -228,6 +232,8 @@ def dq_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2) -> i
            + (st.num_stages + st.v_ring) * st.block_kv * head_dim)
   if not st.registers_pv:
     tiles += kernels.COMPUTE_WGS * st.block_q * st.block_kv
+  if st.delta_in_dq:
+    tiles += kernels.COMPUTE_WGS * st.block_q * head_dim               # O, for D
   # Barriers, the tile metadata and alignment: ~650 bytes measured (Mosaic's own count at
   # H = 256, 231560 bytes with split rings); the segment-id buffers take 1 KB each once aligned.
   extra = (0 if st.v_stages else 2048) + 1024 + (2048 if st.has_segments else 0)
@@ -274,7 +280,10 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   dlse = jnp.zeros_like(lse) if dlse is None else dlse
   lsep = jnp.pad(lse.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t)), constant_values=-jnp.inf)
   dlsep = jnp.pad(dlse.astype(jnp.float32), ((0, 0), (0, 0), (0, tq - t)))
-  delta = _delta(dop, outp, dlsep, bq, interpret)
+  # D = rowsum(dO * O) - dlse: a pre-pass kernel, or (``delta_in_dq``) the dQ kernel, which
+  # then writes the finished record for the dK/dV kernel.
+  delta_in_dq = st_dq.delta_in_dq and not fused_dq
+  delta = -dlsep if delta_in_dq else _delta(dop, outp, dlsep, bq, interpret)
   lse2 = jnp.where(jnp.isneginf(lsep), jnp.inf, lsep * kernels.LOG2E)   # empty rows: P = 0
   rows = jnp.stack([lse2, delta], axis=2)                                # [B, N, 2, T]
   base = [qp, kp, vp, dop, rows]
@@ -298,8 +307,10 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     meta_dq, meta_dkdv = (_with_kv_len(r, kv_len) for r in (r_dq, r_kv))
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
-  def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=(), params=None):
-    inputs = base + ([meta] if meta is not None else []) + segs
+  def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=(), params=None,
+           rows_in=None):
+    inputs = (base if rows_in is None else base[:4] + [rows_in]) + (
+        [meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
     outs = plgpu.kernel(
@@ -324,13 +335,18 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   else:
     dkdv_kernel = functools.partial(backward.dkdv_kernel, **dkdv_kw)
   if not fused_dq:
-    (dq,) = call("dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
-                 backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
-                 *_grid(n, tq // (kernels.COMPUTE_WGS * bq), b, seq="q_seq",
-                        seq_major=seq_major).values(),
-                 (jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype),), meta_dq,
-                 params=dq_compiler_params(st_dq))
-    dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv)
+    dq_out = [jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype)]
+    o_in = []
+    if delta_in_dq:
+      dq_out.append(jax.ShapeDtypeStruct(rows.shape, jnp.float32))       # the finished record
+      o_in = match_vma([outp], axes) if axes else [outp]
+    dq, *rows_done = call(
+        "dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
+        backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
+        *_grid(n, tq // (kernels.COMPUTE_WGS * bq), b, seq="q_seq", seq_major=seq_major).values(),
+        tuple(dq_out), meta_dq, extra_inputs=o_in, params=dq_compiler_params(st_dq))
+    dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv,
+                  rows_in=rows_done[0] if rows_done else None)
   elif interpret:
     dk, dv, parts = call("dkdv",
                          functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
