@@ -307,7 +307,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
     q_smem[...] = (dq * st.scale).astype(q_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[batch, rows, head])
-    plgpu.wait_smem_to_gmem(0)
+    st.wait_stores()
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
@@ -513,7 +513,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[batch, keys, kv_head])
     plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[batch, keys, kv_head])
-    plgpu.wait_smem_to_gmem(0)
+    st.wait_stores()
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():

@@ -74,7 +74,7 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
     dst_smem[...] = (acc if scale is None else acc * scale).astype(dst_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dst_smem, dst_ref.at[batch, keys, kv_head])
-    plgpu.wait_smem_to_gmem(0)
+    st.wait_stores()
 
   def accumulate(step):
     """One side's float32 [block_kv, H] accumulator over every (group head, Q block) step."""

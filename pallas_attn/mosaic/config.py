@@ -229,6 +229,13 @@ class Config:
       its full rings (H <= 128) and the two-kernel backward runs; else the pre-pass. Summation
       order differs from the pre-pass (D to ~1 ulp). Off until timed (benchmarks/NOTES.md,
       session 28).
+    exit_read_only: every attention kernel (forward, dQ, dK/dV; compiled) ends by waiting until
+      its last TMA stores have read shared memory (``cp.async.bulk.wait_group.read``) instead
+      of until their writes have landed: the CTA leaves, and the next one starts on its SM,
+      one global-write latency earlier. The writes still complete before the next kernel
+      reads them (the kernel boundary), as CUTLASS's ``tma_store_wait`` and tokamax's sm90
+      kernels rely on. Matters where CTAs are short and many (16x1024: ~2048 CTAs a kernel,
+      ~15 waves). Off until timed (benchmarks/NOTES.md, session 28).
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -290,6 +297,7 @@ class Config:
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
   bwd_delta_in_dq: bool = False
+  exit_read_only: bool = False
   seq_major: bool = False
   fp8_p_registers: bool = True
 

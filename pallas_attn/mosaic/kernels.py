@@ -106,6 +106,11 @@ class Statics:
                                 # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
   delta_in_dq: bool = False     # dQ kernel: D = rowsum(dO * O) for its rows, written with lse
+  exit_read_only: bool = False  # compiled: the final TMA-store wait is for SMEM reads only
+
+  def wait_stores(self) -> None:
+    """The kernel's last wait for its TMA stores (``Config.exit_read_only``)."""
+    plgpu.wait_smem_to_gmem(0, wait_read_only=self.exit_read_only)
   lazy_rescale: float = 0.0     # forward: keep stale row maxima until one grows by more (FA4)
   fp8: bool = False             # forward: Q, K, P and V (given transposed, [B, K, H, S]) in
                                 # float8_e4m3fn, with per-query and per-key float32 scales
@@ -536,7 +541,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       return base + (hi - lo), nxt
 
     tile_loop(tile_body)
-    plgpu.wait_smem_to_gmem(0)
+    st.wait_stores()
 
   @pl.when(wg == nc)
   def _producer():
