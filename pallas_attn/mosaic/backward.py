@@ -326,9 +326,17 @@ def dq_kernel(*refs, st: Statics, has_meta: bool):
 # dK, dV
 # ----------------------------------------------------------------------------------------------
 
-def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = ""):
+def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = "",
+                num_ctas: int = 0, grid_tiles: tuple[int, int, int] = (0, 0, 0)):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, dq_acc], dk, dv[, dq_parts], smem,
   barriers.
+
+  ``num_ctas`` > 0: the persistent form (``Config.bwd_persistent``; unmasked calls without the
+  fused dQ): ``num_ctas`` CTAs loop over the (K/V head, K/V tile, batch) tiles of
+  ``grid_tiles``, heads fastest, round-robin. The producer's Q/dO ring runs on across tiles, so
+  the next tile's first blocks arrive while this tile ends, and each consumer keeps two K/V
+  buffers: the next tile's K and V load while this one computes, and its dK and dV leave
+  through the buffer it read K and V from.
 
   Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
   ``dq_sink`` (the fused dQ of FA3 Section 3.3, ``fused_dq.py``): "" = no dQ here (the dQ
@@ -352,25 +360,39 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       bars)
   (release_q, release_do), waits = slot_releases((q_free, do_free), st)
 
-  batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
-      meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks)
+  persist = num_ctas > 0
+  if persist:
+    # Unmasked: every tile visits all Q blocks of every head of its group.
+    wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
+    lo, lo_full, hi_full, hi, kv_len = 0, 0, num_q_blocks, num_q_blocks, None
+    batch = kv_head = tile = None
+    my_tiles = lax.div(grid_tiles[0] * grid_tiles[1] * grid_tiles[2] - cta + num_ctas - 1,
+                       num_ctas)
+  else:
+    batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
+        meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks)
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   per_head = hi - lo                      # Q blocks visited for each head of the group
+  tile_steps = st.groups * per_head       # ring steps of one tile
+
+  def decode(t):
+    """(batch, K/V head, K/V tile) of persistent tile ``t`` (heads fastest, as the grid)."""
+    heads, kv_tiles, _ = grid_tiles
+    return lax.div(t, heads * kv_tiles), lax.rem(t, heads), lax.rem(lax.div(t, heads), kv_tiles)
   fdq = None if not dq_sink else FusedDQ(
       st=st, sink=dq_sink, sink_ref=dq_sink_ref, k_smem2=k_smem2, ds_smem=ds_smem,
       dqt_smem=dqt_smem, dq_sync=dq_sync, ds_ready=ds_ready, ds_free=ds_free, batch=batch,
       kv_head=kv_head, tile=tile, wg=wg, lo=lo, per_head=per_head)
 
-  @pl.when(wg < COMPUTE_WGS)
-  def _consumer():
-    plgpu.set_max_registers(st.consumer_registers, action="increase")
+  def tile_keys(tile):
+    return pl.ds(tile * (COMPUTE_WGS * bkv) + wg * bkv, bkv)
+
+  def consume(batch, kv_head, tile, k_smem, v_smem, base):
+    """One K/V tile of this consumer (K, V in ``k_smem``, ``v_smem``): every Q block of every
+    head of its group, ring steps from ``base`` on; then dK, dV out through the same buffers
+    (TMA stores issued, not waited for)."""
+    keys = tile_keys(tile)
     k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
-    keys = pl.ds(k_start, bkv)
-    k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
-    plgpu.copy_gmem_to_smem(k_ref.at[batch, keys, kv_head], k_smem, kv_ready.at[3 * wg])
-    plgpu.copy_gmem_to_smem(v_ref.at[batch, keys, kv_head], v_smem, kv_ready.at[3 * wg + 1])
-    plgpu.barrier_wait(kv_ready.at[3 * wg])
-    plgpu.barrier_wait(kv_ready.at[3 * wg + 1])
     col = plgpu.Layout.WGMMA.reduce(0)
     shape = (bkv, bq)
     kv_seg = None
@@ -386,7 +408,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     # takes 16 KB a step off the SMEM reads (operands.q_operands says why that can matter).
     k_op = k_smem[...] if "k" in st.kv_regs else k_smem
     v_op = v_smem[...] if "v" in st.kv_regs else v_smem
-    defer = st.defer_wait and not dq_sink    # the fused dQ's rendezvous waits for everything
+    defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
 
     def probs_t(s, i, slot, masked: bool):
       """k.q (transposed tile) -> (P^T, G^T): P^T is exactly 0 where the mask hides a logit,
@@ -421,7 +443,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     def step(n, i, carry, masked: bool):
       """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM."""
       dk, dv = carry
-      slot = lax.rem(n * per_head + (i - lo), stages)
+      slot = lax.rem(base + n * per_head + (i - lo), stages)
       wait_inputs(slot)
       pt, gt = probs_t(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot,
                        masked)
@@ -443,7 +465,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dK += dS^T Q after it, so the ALU work of each half hides behind a matmul (FA3 Section
       3.3). The accumulators stay in place across the loop."""
       dk_acc, dv_acc = accs
-      step_no = n * per_head + (i - lo)
+      step_no = base + n * per_head + (i - lo)
       slot = lax.rem(step_no, stages)
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
@@ -513,15 +535,58 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[batch, keys, kv_head])
     plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[batch, keys, kv_head])
+
+  @pl.when(wg < COMPUTE_WGS)
+  def _consumer():
+    plgpu.set_max_registers(st.consumer_registers, action="increase")
+    if not persist:
+      k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+      plgpu.copy_gmem_to_smem(k_ref.at[batch, tile_keys(tile), kv_head], k_smem,
+                              kv_ready.at[3 * wg])
+      plgpu.copy_gmem_to_smem(v_ref.at[batch, tile_keys(tile), kv_head], v_smem,
+                              kv_ready.at[3 * wg + 1])
+      plgpu.barrier_wait(kv_ready.at[3 * wg])
+      plgpu.barrier_wait(kv_ready.at[3 * wg + 1])
+      consume(batch, kv_head, tile, k_smem, v_smem, 0)
+      st.wait_stores()
+      return
+
+    def load_kv(t, buf):
+      b, h, kt = decode(t)
+      for j, (src, dst) in enumerate(((k_ref, k_smem2), (v_ref, v_smem2))):
+        plgpu.copy_gmem_to_smem(src.at[b, tile_keys(kt), h], dst.at[buf, wg],
+                                kv_ready.at[4 * wg + 2 * buf + j])
+
+    pl.when(my_tiles > 0)(lambda: load_kv(cta, 0))
+
+    @pl.loop(0, my_tiles)
+    def _tile(it):
+      t, buf = cta + it * num_ctas, lax.rem(it, 2)
+      plgpu.barrier_wait(kv_ready.at[4 * wg + 2 * buf])
+      plgpu.barrier_wait(kv_ready.at[4 * wg + 2 * buf + 1])
+
+      @pl.when(it + 1 < my_tiles)
+      def _prefetch():   # into the other buffer, once the last tile's dK/dV have left it
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        load_kv(t + num_ctas, 1 - buf)
+      consume(*decode(t), k_smem2.at[buf, wg], v_smem2.at[buf, wg], it * tile_steps)
     st.wait_stores()
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
     plgpu.set_max_registers(producer_registers(st), action="decrease")
+    locate = None
+    if persist:
+      def locate(step):      # ring step -> (batch, K/V head, step within the tile)
+        b, h, _ = decode(cta + lax.div(step, tile_steps) * num_ctas)
+        return b, h, lax.rem(step, tile_steps)
     fetch = q_block_fetcher((q_ref, do_ref, rows_ref, q_seg_ref),
                             (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
-                            batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st)
-    if st.dq_writer and fdq is not None:
+                            batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st,
+                            locate=locate)
+    if persist:
+      produce(my_tiles * tile_steps, stages, fetch, waits)
+    elif st.dq_writer and fdq is not None:
       fdq.writer_loop(fetch, waits, st.groups * per_head, stages)
     else:
       produce(st.groups * per_head, stages, fetch, waits)
@@ -542,10 +607,13 @@ def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int):
   return batch, kv_head, tile, wg, ranges
 
 
-def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Statics):
+def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Statics,
+                    locate=None):
   """A dK/dV producer's ``fetch(step)``: step s visits group head ``s // per_head`` and Q block
   ``lo + s % per_head``; it TMA-loads that block's Q, dO, its L2 / D record ([2, block_q], one
-  copy) and, with segment ids, its query segment ids into ring slot ``s % num_stages``."""
+  copy) and, with segment ids, its query segment ids into ring slot ``s % num_stages``.
+  ``locate(s) -> (batch, kv_head, step within the tile)`` (the persistent form) replaces the
+  fixed ``batch`` and ``kv_head``."""
   q_ref, do_ref, rows_ref, q_seg_ref = gmem
   q_smem, do_smem, rows_smem, qseg_smem = smem
   q_ready, do_ready, rows_ready = ready
@@ -553,14 +621,15 @@ def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Stat
 
   def fetch(step):
     slot = lax.rem(step, stages)
-    head = kv_head * st.groups + lax.div(step, jnp.maximum(per_head, 1))
-    rows = pl.ds((lo + lax.rem(step, jnp.maximum(per_head, 1))) * bq, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_ready.at[slot])
-    plgpu.copy_gmem_to_smem(do_ref.at[batch, rows, head], do_smem.at[slot], do_ready.at[slot])
-    plgpu.copy_gmem_to_smem(rows_ref.at[batch, head, :, rows], rows_smem.at[slot],
+    b, kvh, local = (batch, kv_head, step) if locate is None else locate(step)
+    head = kvh * st.groups + lax.div(local, jnp.maximum(per_head, 1))
+    rows = pl.ds((lo + lax.rem(local, jnp.maximum(per_head, 1))) * bq, bq)
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, head], q_smem.at[slot], q_ready.at[slot])
+    plgpu.copy_gmem_to_smem(do_ref.at[b, rows, head], do_smem.at[slot], do_ready.at[slot])
+    plgpu.copy_gmem_to_smem(rows_ref.at[b, head, :, rows], rows_smem.at[slot],
                             rows_ready.at[slot])
     if st.has_segments:
-      plgpu.copy_gmem_to_smem(q_seg_ref.at[batch, rows], qseg_smem.at[slot],
+      plgpu.copy_gmem_to_smem(q_seg_ref.at[b, rows], qseg_smem.at[slot],
                               rows_ready.at[stages + slot])
   return fetch
 
@@ -600,13 +669,15 @@ def dq_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool):
   return smem, bars
 
 
-def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False):
+def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq: bool = False,
+                 persistent: bool = False):
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   writer = fused_dq and st.dq_writer
   lag = fused_dq and st.dq_lag and not writer
+  kv = (2, COMPUTE_WGS, bkv, head_dim) if persistent else (COMPUTE_WGS, bkv, head_dim)
   smem = (
-      plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # K, then dK
-      plgpu.SMEM((COMPUTE_WGS, bkv, head_dim), dtype, transforms=_TILED),       # V, then dV
+      plgpu.SMEM(kv, dtype, transforms=_TILED),                                 # K, then dK
+      plgpu.SMEM(kv, dtype, transforms=_TILED),                                 # V, then dV
       plgpu.SMEM((stages, bq, head_dim), dtype, transforms=_TILED),             # Q ring
       plgpu.SMEM((stages, bq, head_dim), dtype, transforms=_TILED),             # dO ring
       plgpu.SMEM((stages, 2, bq), jnp.float32),                                 # L2, D ring
@@ -624,7 +695,8 @@ def dkdv_scratch(*, st: Statics, head_dim: int, dtype, has_meta: bool, fused_dq:
   bars = (
       plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
       plgpu.Barrier(num_barriers=2 * stages),                                  # L2/D (+ q seg)
-      plgpu.Barrier(num_barriers=3 * COMPUTE_WGS),                             # per-WG K, V, seg
+      # per-WG K, V, seg; persistent: K, V of each of the two buffers
+      plgpu.Barrier(num_barriers=(4 if persistent else 3) * COMPUTE_WGS),
       plgpu.Barrier(num_barriers=1),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),
       plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),

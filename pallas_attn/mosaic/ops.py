@@ -142,15 +142,18 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   else:
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
                            st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
-                           split=split, seq_major=cfg.seq_major)
+                           split=split, seq_major=cfg.seq_major, persistent=cfg.bwd_persistent)
   return dq, dk, dv, None, None, None
 
 
 def backward_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2,
-                        fused_dq: bool = False) -> int:
-  """Shared memory of a dK/dV CTA: its K/V tiles plus the Q/dO/rows ring (and, with the fused
-  dQ, two buffers of both consumers' dS^T and their fp32 dQ partials)."""
-  tiles = 2 * kernels.COMPUTE_WGS * st.block_kv * head_dim + 2 * st.num_stages * st.block_q * head_dim
+                        fused_dq: bool = False, persistent: bool = False) -> int:
+  """Shared memory of a dK/dV CTA: its K/V tiles (two sets, ``persistent``) plus the Q/dO/rows
+  ring (and, with the fused dQ, two buffers of both consumers' dS^T and their fp32 dQ
+  partials)."""
+  kv_sets = 2 if persistent else 1
+  tiles = (2 * kv_sets * kernels.COMPUTE_WGS * st.block_kv * head_dim
+           + 2 * st.num_stages * st.block_q * head_dim)
   if not st.registers_pv or st.pt_smem:
     tiles += kernels.COMPUTE_WGS * st.block_kv * st.block_q
   extra = 0
@@ -264,7 +267,7 @@ def _delta(do, out, dlse, block: int, interpret):
 
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
               st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
-              split: bool = False, seq_major: bool = False):
+              split: bool = False, seq_major: bool = False, persistent: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -326,9 +329,15 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   dkdv_out = [jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
               jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)]
   dkdv_kw = dict(st=st_dkdv, has_meta=has_meta, num_q_blocks=tq // bq)
+  persist = persistent and not (fused_dq or split or has_meta or st_dkdv.defer_wait) and (
+      backward_smem_bytes(st=st_dkdv, head_dim=hp, persistent=True) <= SMEM_LIMIT_BYTES)
   dkdv_scratch = backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
-                                       fused_dq=fused_dq)
+                                       fused_dq=fused_dq, persistent=persist)
   dkdv_grid = tuple(_grid(kh, kv_tiles, b, seq="kv_seq", seq_major=seq_major).values())
+  if persist:
+    num_ctas = min(_num_sms(interpret), kh * kv_tiles * b)
+    dkdv_kw.update(num_ctas=num_ctas, grid_tiles=(kh, kv_tiles, b))
+    dkdv_grid = ((num_ctas,), ("cta",))
   if split:
     dkdv_kernel = functools.partial(backward_split.dkdv_split_kernel, **dkdv_kw)
     dkdv_scratch = backward_split.split_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype,
