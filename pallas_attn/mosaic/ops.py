@@ -1,7 +1,7 @@
 """``plgpu.kernel`` wrapper, padding and custom VJP of the Mosaic GPU (FlashAttention-3) backend.
 
 Forward: ``kernels.fwd_kernel`` (TMA ring + two ping-ponging wgmma consumers). Backward:
-``backward.dq_kernel`` and ``backward.dkdv_kernel`` (wgmma, deterministic GQA sums), or with
+``backward_dq.dq_kernel`` and ``backward.dkdv_kernel`` (wgmma, deterministic GQA sums), or with
 ``Config.bwd_fused_dq`` the dK/dV kernel alone, dQ reduced into a float32 accumulator; at head
 dims whose dK/dV tiles exceed shared memory (over 128), ``backward_split.dkdv_split_kernel``
 (``Config.bwd_split_dkdv``, on in ``default_config`` there) and the dQ kernel with a shallower V
@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 from pallas_attn import masks
 from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.vma import match_vma, out_struct, vma
-from pallas_attn.mosaic import autotune, backward, backward_split, kernels
+from pallas_attn.mosaic import autotune, backward, backward_dq, backward_split, kernels
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
@@ -228,20 +228,22 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
   return st_dq, st_dkdv
 
 
-def dq_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2) -> int:
-  """Shared memory of a dQ CTA: Q and dO per consumer plus the K and V rings (and the 2 KB
-  reduction scratch Pallas reserves, which the kernel gives back when its rings differ:
-  ``dq_compiler_params``)."""
-  tiles = (2 * kernels.COMPUTE_WGS * st.block_q * head_dim
+def dq_smem_bytes(*, st: kernels.Statics, head_dim: int, itemsize: int = 2,
+                  persistent: bool = False) -> int:
+  """Shared memory of a dQ CTA: Q and dO per consumer (two sets each, ``persistent``) plus the
+  K and V rings (and the 2 KB reduction scratch Pallas reserves, which the kernel gives back
+  when its rings differ: ``dq_compiler_params``)."""
+  sets = 2 if persistent else 1
+  tiles = (2 * sets * kernels.COMPUTE_WGS * st.block_q * head_dim
            + (st.num_stages + st.v_ring) * st.block_kv * head_dim)
   if not st.registers_pv:
     tiles += kernels.COMPUTE_WGS * st.block_q * st.block_kv
   if st.delta_in_dq:
-    tiles += kernels.COMPUTE_WGS * st.block_q * head_dim               # O, for D
+    tiles += sets * kernels.COMPUTE_WGS * st.block_q * head_dim        # O, for D
   # Barriers, the tile metadata and alignment: ~650 bytes measured (Mosaic's own count at
   # H = 256, 231560 bytes with split rings); the segment-id buffers take 1 KB each once aligned.
   extra = (0 if st.v_stages else 2048) + 1024 + (2048 if st.has_segments else 0)
-  return tiles * itemsize + kernels.COMPUTE_WGS * st.block_q * 12 + extra
+  return tiles * itemsize + sets * kernels.COMPUTE_WGS * st.block_q * 12 + extra
 
 
 def dq_compiler_params(st: kernels.Statics) -> dict:
@@ -345,16 +347,26 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   else:
     dkdv_kernel = functools.partial(backward.dkdv_kernel, **dkdv_kw)
   if not fused_dq:
+    dq_grid = tuple(_grid(n, tq // (kernels.COMPUTE_WGS * bq), b, seq="q_seq",
+                          seq_major=seq_major).values())
+    dq_kw = dict(st=st_dq, has_meta=has_meta)
+    dq_persist = (persistent and not (has_meta or st_dq.defer_wait)
+                  and st_dq.v_ring == st_dq.num_stages
+                  and dq_smem_bytes(st=st_dq, head_dim=hp, persistent=True) <= SMEM_LIMIT_BYTES)
+    if dq_persist:
+      tiles = (n, tq // (kernels.COMPUTE_WGS * bq), b)
+      dq_kw.update(num_ctas=min(_num_sms(interpret), math.prod(tiles)), grid_tiles=tiles)
+      dq_grid = ((dq_kw["num_ctas"],), ("cta",))
     dq_out = [jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype)]
     o_in = []
     if delta_in_dq:
       dq_out.append(jax.ShapeDtypeStruct(rows.shape, jnp.float32))       # the finished record
       o_in = match_vma([outp], axes) if axes else [outp]
     dq, *rows_done = call(
-        "dq", functools.partial(backward.dq_kernel, st=st_dq, has_meta=has_meta),
-        backward.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta),
-        *_grid(n, tq // (kernels.COMPUTE_WGS * bq), b, seq="q_seq", seq_major=seq_major).values(),
-        tuple(dq_out), meta_dq, extra_inputs=o_in, params=dq_compiler_params(st_dq))
+        "dq", functools.partial(backward_dq.dq_kernel, **dq_kw),
+        backward_dq.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
+                            persistent=dq_persist),
+        *dq_grid, tuple(dq_out), meta_dq, extra_inputs=o_in, params=dq_compiler_params(st_dq))
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv,
                   rows_in=rows_done[0] if rows_done else None)
   elif interpret:

@@ -15,7 +15,7 @@ from jax._src import mesh as mesh_lib
 
 import harness as H
 from pallas_attn import flash_attention
-from pallas_attn.mosaic import Config, backward, backward_split, default_config, ops
+from pallas_attn.mosaic import Config, backward, backward_dq, backward_split, default_config, ops
 
 
 @pytest.mark.parametrize("kw,h", [(dict(causal=True, softcap=20.0), 256),
@@ -34,7 +34,7 @@ def test_split_backward_matches_reference_in_interpret_mode(kw, h, monkeypatch):
     return wrapped
   monkeypatch.setattr(backward_split, "dkdv_split_kernel",
                       spy("split", backward_split.dkdv_split_kernel))
-  monkeypatch.setattr(backward, "dq_kernel", spy("dq", backward.dq_kernel))
+  monkeypatch.setattr(backward_dq, "dq_kernel", spy("dq", backward_dq.dq_kernel))
   cfg = Config(block_kv=64, backward="mosaic", bwd_split_dkdv=True)
   # One batch row unless kv_lengths cuts the second (the interpreter's time grows with b).
   b = 2 if kw.get("kv_lengths") else 1

@@ -1,11 +1,12 @@
-"""``Config.bwd_persistent``: the dK/dV kernel as a persistent launch.
+"""``Config.bwd_persistent``: the dK/dV and dQ kernels as persistent launches.
 
-One CTA per SM (``ops.INTERPRET_CTAS`` in interpret mode) loops over the (K/V head, K/V tile,
-batch) tiles round-robin; the producer's Q/dO ring runs on across tiles and each consumer
-double-buffers its K/V tile, so tile boundaries overlap work instead of idling the SM. Served
-for unmasked calls (S a multiple of the CTA's keys, no mask, kv_lengths or segment ids) without
-the fused dQ or the split backward; otherwise the grid kernel runs. The products and their
-order are the grid kernel's: the gradients are bitwise the same.
+One CTA per SM (``ops.INTERPRET_CTAS`` in interpret mode) loops over the kernel's tiles
+round-robin; the producer's ring (Q/dO for dK/dV, K/V for dQ) runs on across tiles and each
+consumer double-buffers its own tile (K/V; Q, dO, L2/D), so tile boundaries overlap work
+instead of idling the SM. Served for unmasked calls (S a multiple of the CTA's keys, no mask,
+kv_lengths or segment ids) where the second buffers fit, without the fused dQ or the split
+backward; otherwise the grid kernels run. The products and their order are the grid kernels':
+the gradients are bitwise the same.
 """
 import dataclasses
 
@@ -31,10 +32,12 @@ def _grads(cfg, b, t, s, n, kh, h, seed, **kw):
   return [np.asarray(x, np.float32) for x in (out, *vjp(do))], f, (q, k, v)
 
 
-def _dkdv_grid_names(f, args) -> list[str]:
+def _bwd_grid_names(f, args) -> list[str]:
+  """The grid names of the backward's Mosaic kernels (dQ, dK/dV) in ``f``'s gradient."""
   text = str(jax.make_jaxpr(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(),
                                      argnums=(0, 1, 2)))(*args))
-  return [g for g in text.split("grid_names=")[1:] if "kv_seq" in g[:40] or "cta" in g[:20]]
+  return [g[:40] for g in text.split("grid_names=")[1:]
+          if "kv_seq" in g[:40] or "cta" in g[:20] or "q_seq" in g[:40]][-2:]
 
 
 # (b, t, s, n, kh, h): more tiles than the interpreter's 3 CTAs (a CTA runs 2-3 tiles, so both
@@ -50,7 +53,7 @@ def test_bitwise_the_grid_kernel_in_interpret_mode(shape):
   want, _, _ = _grads(base, b, t, s, n, kh, h, seed=11)
   got, f, args = _grads(dataclasses.replace(base, bwd_persistent=True), b, t, s, n, kh, h,
                         seed=11)
-  assert any("cta" in g[:20] for g in _dkdv_grid_names(f, args))
+  assert [("cta" in g) for g in _bwd_grid_names(f, args)] == [True, True]
   for name, x, y in zip(("out", "dq", "dk", "dv"), got, want):
     np.testing.assert_array_equal(x, y, err_msg=name)
 
@@ -64,22 +67,27 @@ def test_masked_or_ragged_calls_keep_the_grid(kw):
   q = jnp.ones((1, 256, 2, 64), jnp.bfloat16)
   f = lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
                                       interpret=True, **kw)
-  names = _dkdv_grid_names(f, (q, q, q))
-  assert names and all(("cta" in g[:20]) == ("softcap" in kw) for g in names)
+  names = _bwd_grid_names(f, (q, q, q))
+  assert len(names) == 2 and all(("cta" in g) == ("softcap" in kw) for g in names)
   ragged = lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
                                            interpret=True)
   k200 = jnp.ones((1, 200, 2, 64), jnp.bfloat16)      # S off the CTA's 128 keys: kv_lengths
-  assert not any("cta" in g[:20] for g in _dkdv_grid_names(ragged, (q, k200, k200)))
+  assert not any("cta" in g for g in _bwd_grid_names(ragged, (q, k200, k200)))
 
 
-def test_second_kv_buffer_fits_at_h128():
+def test_second_buffers_fit_at_h128():
   q = jnp.zeros((1, 1024, 2, 128), jnp.bfloat16)
-  _, st = ops._backward_statics(q, q, None, None, causal=False, scale=1.0, window=None,
-                                softcap=None, cfg=default_config(head_dim=128, seq_k=1024,
-                                                                 masked=False), interpret=False)
+  cfg = default_config(head_dim=128, seq_k=1024, masked=False)
+  st_dq, st = ops._backward_statics(q, q, None, None, causal=False, scale=1.0, window=None,
+                                    softcap=None, cfg=cfg, interpret=False)
   assert ops.backward_smem_bytes(st=st, head_dim=128, persistent=True) <= ops.SMEM_LIMIT_BYTES
   assert (ops.backward_smem_bytes(st=st, head_dim=128, persistent=True)
           - ops.backward_smem_bytes(st=st, head_dim=128) == 2 * 2 * 64 * 128 * 2)
+  assert ops.dq_smem_bytes(st=st_dq, head_dim=128, persistent=True) <= ops.SMEM_LIMIT_BYTES
+  # With D in the dQ kernel (O buffered too) a second set no longer fits at H = 128: that
+  # dQ kernel keeps the grid.
+  with_d = dataclasses.replace(st_dq, delta_in_dq=True)
+  assert ops.dq_smem_bytes(st=with_d, head_dim=128, persistent=True) > ops.SMEM_LIMIT_BYTES
 
 
 @pytest.mark.gpu

@@ -436,11 +436,11 @@ def test_fused_dq_backward_matches_reference_in_interpret_mode(kw, h, form, monk
   by the producer warpgroup, or (``bwd_dq_lag``) by the consumers one step behind. GQA 4:2
   with T, S off the tile (several Q blocks and two group heads per K/V tile, so the lagged
   form's hand-over crosses heads); the separate dQ kernel must not run."""
-  from pallas_attn.mosaic import backward
+  from pallas_attn.mosaic import backward_dq
 
   def no_dq_kernel(*a, **k):
     raise AssertionError("the dQ kernel ran although bwd_fused_dq was served")
-  monkeypatch.setattr(backward, "dq_kernel", no_dq_kernel)
+  monkeypatch.setattr(backward_dq, "dq_kernel", no_dq_kernel)
   cfg = Config(block_kv=64, bwd_fused_dq=form == "consumers", bwd_dq_writer=form == "dq_writer",
                bwd_dq_lag=form == "dq_lag", backward="mosaic")
   _assert_grads_match_reference(cfg, kw, b=2, t=150, s=200, n=4, kh=2, h=h, seed=7)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 import harness as H
-from pallas_attn.mosaic import Config, backward, ops
+from pallas_attn.mosaic import Config, backward_dq, ops
 
 
 def _statics(h, *, segments=False, interpret=False):
@@ -49,8 +49,8 @@ def test_split_rings_match_reference_in_interpret_mode(kw, monkeypatch):
   monkeypatch.setattr(ops, "dq_smem_bytes", lambda *, st, head_dim: (
       real(st=st, head_dim=head_dim) if st.v_stages else ops.SMEM_LIMIT_BYTES + 1))
   seen = []
-  real_kernel = backward.dq_kernel
-  monkeypatch.setattr(backward, "dq_kernel",
+  real_kernel = backward_dq.dq_kernel
+  monkeypatch.setattr(backward_dq, "dq_kernel",
                       lambda *a, **k: seen.append(k["st"]) or real_kernel(*a, **k))
   cfg = Config(block_kv=64, backward="mosaic")
   b = 2 if kw.get("kv_lengths") else 1  # the interpreter's time grows with b
