@@ -229,14 +229,16 @@ class Config:
       its full rings (H <= 128) and the two-kernel backward runs; else the pre-pass. Summation
       order differs from the pre-pass (D to ~1 ulp). Off until timed (benchmarks/NOTES.md,
       session 28).
-    bwd_persistent: the dK/dV kernel as a persistent launch (one CTA per SM looping over the
-      K/V tiles, ``backward.dkdv_kernel``'s ``num_ctas``): the Q/dO ring runs on across tiles
-      and each consumer double-buffers its K/V tile, so a tile's start (K, V and the first Q
-      blocks) and end (dK, dV stores) overlap the neighbouring tiles' work instead of leaving
-      the SM idle between CTAs. Unmasked calls (no mask, kv_lengths or segment ids, S a
-      multiple of the CTA's keys) without the fused dQ or the split backward, where the second
-      K/V buffer fits (H <= 128); else the grid. At 16x1024x16x128 the grid kernel runs 13%
-      below its 4x4096 efficiency (short CTAs). Off until timed (NOTES, session 28).
+    bwd_persistent: the dK/dV and dQ kernels as persistent launches (one CTA per SM looping
+      over the tiles round-robin; the kernels' ``num_ctas``): the producer's ring (Q/dO;
+      K/V) runs on across tiles and each consumer double-buffers its own tile (K/V; Q, dO,
+      L2/D), so a tile's start and end (its loads, its dK/dV or dQ stores) overlap the
+      neighbouring tiles' work instead of leaving the SM idle between CTAs. Unmasked calls (no
+      mask, kv_lengths or segment ids, S a multiple of the CTA's keys) without the fused dQ or
+      the split backward, each kernel where its second buffers fit (H <= 128; the dQ kernel
+      not with ``bwd_delta_in_dq`` at H = 128); else the grid. Same products in the same
+      order: bitwise the grid kernels' gradients. At 16x1024x16x128 the grid kernels run
+      14-18% below their 4x4096 efficiency (short CTAs). Off until timed (NOTES, session 28).
     exit_read_only: every attention kernel (forward, dQ, dK/dV; compiled) ends by waiting until
       its last TMA stores have read shared memory (``cp.async.bulk.wait_group.read``) instead
       of until their writes have landed: the CTA leaves, and the next one starts on its SM,
