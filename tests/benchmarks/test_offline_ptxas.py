@@ -91,6 +91,11 @@ DEFAULTS = [
     (("attn", "--grad", "--causal", "--softcap", "30"), 320),
     (("attn", "--grad", "--causal", "--segments"), 256),
     (("attn", "--grad", "--head-dim", "64", "--causal"), 0),
+    # session 28's opt-in backward forms (persistent kernels, D in the dQ kernel)
+    (("attn", "--grad", "--batch", "4", "--heads", "8",
+      "--set", "bwd_persistent=True,exit_read_only=True"), 80),
+    (("attn", "--grad", "--head-dim", "64", "--set", "bwd_persistent=True,bwd_delta_in_dq=True"),
+     0),
     (("fp8", "--seq", "4096"), 0),
     (("w4a16", "--m", "1"), 0),
     (("w4a16", "--m", "64", "--k", "28672", "--n", "8192"), 0),
