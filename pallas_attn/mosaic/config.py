@@ -227,8 +227,8 @@ class Config:
       pre-pass kernel over dO and O (~0.04 ms per 2^25 elements each: 3-5% of fwd+bwd at
       16x1024x16x128). Served where the O buffer fits in the dQ kernel's shared memory next to
       its full rings (H <= 128) and the two-kernel backward runs; else the pre-pass. Summation
-      order differs from the pre-pass (D to ~1 ulp). Off until timed (benchmarks/NOTES.md,
-      session 28).
+      order differs from the pre-pass (D to ~1 ulp). Default at H <= 128 (``default_config``;
+      H100, session 28: fwd+bwd -2.7% at 16x1024x16x128 full, -4.5% causal).
     bwd_persistent: the dK/dV and dQ kernels as persistent launches (one CTA per SM looping
       over the tiles round-robin; the kernels' ``num_ctas``): the producer's ring (Q/dO;
       K/V) runs on across tiles and each consumer double-buffers its own tile (K/V; Q, dO,
@@ -238,14 +238,17 @@ class Config:
       the split backward, each kernel where its second buffers fit (H <= 128; the dQ kernel
       not with ``bwd_delta_in_dq`` at H = 128); else the grid. Same products in the same
       order: bitwise the grid kernels' gradients. At 16x1024x16x128 the grid kernels run
-      14-18% below their 4x4096 efficiency (short CTAs). Off until timed (NOTES, session 28).
+      14-18% below their 4x4096 efficiency (short CTAs). H100 (session 28): 16x1024 full
+      fwd+bwd -3.4% (dK/dV -3.5%, dQ -6%), 8x2048 even, 4x4096 +3% (both kernels slower):
+      ``default_config`` takes it for unmasked rows up to ``PERSISTENT_BWD_KEYS`` keys.
     exit_read_only: every attention kernel (forward, dQ, dK/dV; compiled) ends by waiting until
       its last TMA stores have read shared memory (``cp.async.bulk.wait_group.read``) instead
       of until their writes have landed: the CTA leaves, and the next one starts on its SM,
       one global-write latency earlier. The writes still complete before the next kernel
       reads them (the kernel boundary), as CUTLASS's ``tma_store_wait`` and tokamax's sm90
       kernels rely on. Matters where CTAs are short and many (16x1024: ~2048 CTAs a kernel,
-      ~15 waves). Off until timed (benchmarks/NOTES.md, session 28).
+      ~15 waves). H100 (session 28): within 0.2% at 16x1024x16x128 (fwd+bwd 1.0653 -> 1.0641
+      ms full, 0.7420 -> 0.7416 causal): off.
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -363,6 +366,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 # Key count from which unmasked head-dim-128 rows take three forward consumers (default_config).
+PERSISTENT_BWD_KEYS = 1024     # default_config: persistent backward kernels up to this many keys
 LONG_ROW_THREE_CONSUMERS = 16384
 
 
@@ -435,7 +439,17 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # 13% slower (session 26), so it starts at LONG_ROW_THREE_CONSUMERS keys.
   three = hp == 128 and not masked and seq_k >= LONG_ROW_THREE_CONSUMERS
   wide = hp > 128
+  # Backward (H100, session 28, cuDNN in the same process): D formed in the dQ kernel instead
+  # of a pre-pass kernel (bwd_delta_in_dq: the dQ kernel +0.024 ms, the 0.052 ms pre-pass
+  # gone at 2^25 elements; 16x1024x16x128 fwd+bwd 1.0653 -> 1.0361 ms full, 0.7420 -> 0.7086
+  # causal; 8x2048 full 1.8878 -> 1.8598), served at H <= 128. And on unmasked rows up to
+  # PERSISTENT_BWD_KEYS keys the persistent dK/dV kernel (bwd_persistent; the dQ kernel keeps
+  # the grid next to D's O buffer at H = 128): 16x1024 full dK/dV 0.4658 -> 0.4526 ms, fwd+bwd
+  # 1.0342 -> 1.0239 (1.009x cuDNN); at 2048 keys even, at 4096 3.6% slower (tiles of 64
+  # steps gain nothing at their ends and lose L2 order).
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
+                bwd_delta_in_dq=not wide,
+                bwd_persistent=not masked and seq_k <= PERSISTENT_BWD_KEYS,
                 consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=240 if wide else 232,
                 persistent=persistent_ok and (not masked or short) and not three,

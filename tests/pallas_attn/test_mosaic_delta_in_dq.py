@@ -49,7 +49,8 @@ def _kernel_names(cfg, h=64):
 
 
 def test_no_pre_pass_kernel():
-  base = default_config(head_dim=64, seq_k=128, masked=False)
+  base = dataclasses.replace(default_config(head_dim=64, seq_k=128, masked=False),
+                             bwd_delta_in_dq=False)
   assert "flash_attention_delta" in _kernel_names(base)
   assert "flash_attention_delta" not in _kernel_names(
       dataclasses.replace(base, bwd_delta_in_dq=True))
