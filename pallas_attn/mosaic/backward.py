@@ -29,6 +29,7 @@ accumulator; the compiled form keeps them in registers and accumulates in place.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -183,8 +184,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     wg, cta = lax.axis_index("wg"), lax.axis_index("cta")
     lo, lo_full, hi_full, hi, kv_len = 0, 0, num_q_blocks, num_q_blocks, None
     batch = kv_head = tile = None
-    my_tiles = lax.div(grid_tiles[0] * grid_tiles[1] * grid_tiles[2] - cta + num_ctas - 1,
-                       num_ctas)
+    my_tiles = persistent_tile_count(cta, num_ctas, grid_tiles)
   else:
     batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
         meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks)
@@ -371,19 +371,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         plgpu.copy_gmem_to_smem(src.at[b, tile_keys(kt), h], dst.at[buf, wg],
                                 kv_ready.at[4 * wg + 2 * buf + j])
 
-    pl.when(my_tiles > 0)(lambda: load_kv(cta, 0))
-
-    @pl.loop(0, my_tiles)
-    def _tile(it):
-      t, buf = cta + it * num_ctas, lax.rem(it, 2)
+    def wait_kv(buf):
       plgpu.barrier_wait(kv_ready.at[4 * wg + 2 * buf])
       plgpu.barrier_wait(kv_ready.at[4 * wg + 2 * buf + 1])
-
-      @pl.when(it + 1 < my_tiles)
-      def _prefetch():   # into the other buffer, once the last tile's dK/dV have left it
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        load_kv(t + num_ctas, 1 - buf)
-      consume(*decode(t), k_smem2.at[buf, wg], v_smem2.at[buf, wg], it * tile_steps)
+    persistent_consumer_loop(
+        cta=cta, num_ctas=num_ctas, my_tiles=my_tiles, load=load_kv, wait=wait_kv,
+        consume=lambda t, buf, it: consume(*decode(t), k_smem2.at[buf, wg], v_smem2.at[buf, wg],
+                                           it * tile_steps))
     st.wait_stores()
 
   @pl.when(wg == COMPUTE_WGS)
@@ -415,6 +409,30 @@ def _decode_tile(t, *, grid_tiles):
   heads fastest as the grid launches them (concurrent tiles share a head's operands in L2)."""
   heads, tiles, _ = grid_tiles
   return lax.div(t, heads * tiles), lax.rem(t, heads), lax.rem(lax.div(t, heads), tiles)
+
+
+def persistent_tile_count(cta, num_ctas: int, grid_tiles):
+  """Tiles that CTA ``cta`` of a persistent launch takes round-robin from the grid."""
+  return lax.div(math.prod(grid_tiles) - cta + num_ctas - 1, num_ctas)
+
+
+def persistent_consumer_loop(*, cta, num_ctas: int, my_tiles, load, wait, consume):
+  """A persistent backward consumer's tiles t = cta, cta + num_ctas, ...: tile ``it`` computes
+  from buffer ``it % 2`` (``wait(buf)`` for its loads, ``consume(t, buf, it)``) while the next
+  tile loads into the other buffer (``load(t, buf)``), once the last tile's TMA stores have
+  read it (those stores leave through the buffer they were computed from)."""
+  pl.when(my_tiles > 0)(lambda: load(cta, 0))
+
+  @pl.loop(0, my_tiles)
+  def _tile(it):
+    t, buf = cta + it * num_ctas, lax.rem(it, 2)
+    wait(buf)
+
+    @pl.when(it + 1 < my_tiles)
+    def _prefetch():
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      load(t + num_ctas, 1 - buf)
+    consume(t, buf, it)
 
 
 def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int):

@@ -7,7 +7,6 @@ recomputing S and dP).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -16,6 +15,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn.mosaic.backward import (_TILED, _decode_tile, _grad_logits, _logits2,
                                          _matmul_acc, _product, _split_refs, _tile_mask, _visit,
+                                         persistent_consumer_loop, persistent_tile_count,
                                          producer_registers)
 from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, kv_fetcher, produce, produce_rings,
                                         slot_releases, split_kv_fetchers, tile_ranges)
@@ -49,7 +49,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
     cta = lax.axis_index("cta")
     batch = head = tile = kv_len = None
     lo, lo_full, hi_full, hi = 0, 0, st.num_kv_blocks, st.num_kv_blocks
-    my_tiles = lax.div(math.prod(grid_tiles) - cta + num_ctas - 1, num_ctas)
+    my_tiles = persistent_tile_count(cta, num_ctas, grid_tiles)
   else:
     batch, head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
                          lax.axis_index("q_seq"))
@@ -223,17 +223,10 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       consume(batch, head, tile, 0, 0)
       st.wait_stores()
       return
-    pl.when(my_tiles > 0)(lambda: load_q(*decode(cta), 0))
-
-    @pl.loop(0, my_tiles)
-    def _tile(it):
-      t, buf = cta + it * num_ctas, lax.rem(it, 2)
-
-      @pl.when(it + 1 < my_tiles)
-      def _prefetch():   # into the other buffers, once the last tile's stores have left them
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        load_q(*decode(t + num_ctas), 1 - buf)
-      consume(*decode(t), buf, it * tile_steps)
+    persistent_consumer_loop(                # (consume waits for its own loads)
+        cta=cta, num_ctas=num_ctas, my_tiles=my_tiles,
+        load=lambda t, buf: load_q(*decode(t), buf), wait=lambda buf: None,
+        consume=lambda t, buf, it: consume(*decode(t), buf, it * tile_steps))
     st.wait_stores()
 
   @pl.when(wg == COMPUTE_WGS)
