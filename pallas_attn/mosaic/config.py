@@ -52,9 +52,9 @@ class Config:
       slower, dK/dV +4-12%, dQ +11-25% (fwd+bwd 0.89 -> 0.79x cuDNN at 4x4096): off.
     bwd_registers: registers a consumer thread of the backward kernels takes (``setmaxnreg``):
       232 (producer 40) or 240 (producer 24, FA3's split for two consumer warpgroups). Nsight
-      Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step. 240 has not
-      run compiled with the producer at 24 (its first form, producer at 32, asked for more
-      registers than the launch holds and hung), so it stays opt-in.
+      Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step.
+      ``default_config`` takes 240 at H > 128 and on the H = 128 grid kernels (session 29:
+      dK/dV 1.5-3% faster in both timing orders), 232 on the persistent ones and at H = 64.
     bwd_pt_smem: compiled dK/dV kernel: dV += P^T dO takes P^T from shared memory (one 8 KiB
       store per step and consumer) instead of registers, so its 16 registers a thread are free
       while dS^T is formed (as a register operand they live until that wgmma retires). H200
@@ -447,11 +447,16 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # the grid next to D's O buffer at H = 128): 16x1024 full dK/dV 0.4658 -> 0.4526 ms, fwd+bwd
   # 1.0342 -> 1.0239 (1.009x cuDNN); at 2048 keys even, at 4096 3.6% slower (tiles of 64
   # steps gain nothing at their ends and lose L2 order).
+  # 240 registers a backward consumer (producer 24) at H = 128 on the grid kernels (H100,
+  # session 29, both timing orders, cuDNN in the same process): dK/dV -1.5..-3% at 16x1024 and
+  # 8x2048, causal and full (dQ within +-0.4%); the persistent dK/dV kernel was 0.6-2% slower
+  # with it, so rows that take that one keep 232.
+  bwd_persistent = not masked and seq_k <= PERSISTENT_BWD_KEYS
+  registers = 240 if wide or (hp == 128 and not bwd_persistent) else 232
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
-                bwd_delta_in_dq=not wide,
-                bwd_persistent=not masked and seq_k <= PERSISTENT_BWD_KEYS,
+                bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
-                bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=240 if wide else 232,
+                bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=registers,
                 persistent=persistent_ok and (not masked or short) and not three,
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
