@@ -3,7 +3,9 @@
 # kernel takes its heaviest Q tiles first under causal-like masks (as the forward's
 # heavy_first), and the H = 128 grid kernels run at 240 registers. Against session 28's tree
 # (this one with the patch undone), per-kernel CUPTI times, cuDNN in each process; `r232`
-# (this tree at 232 registers) separates the two changes.
+# (this tree at 232 registers) separates the two changes; `nodind` (D in a pre-pass again)
+# checks session 28's bwd_delta_in_dq default on the long rows, where it was never A/B-ed
+# in both orders.
 # a: the compiled masked mosaic cases of the shared suite and the grid-order tests, then new
 #    tree first; b: old tree first (the first-timed bias check).
 part=${1:-a}
@@ -24,9 +26,9 @@ if [ "$part" = a ]; then
       tests/pallas_attn/test_mosaic_grid_order.py -k "seq_major or mosaic and $cases" \
       > "$OUT/tests.log" 2>&1
   echo "pytest rc $?"; tail -2 "$OUT/tests.log"
-  breakdown . new_a --variant r232:bwd_registers=232
+  breakdown . new_a --variant r232:bwd_registers=232 --variant nodind:bwd_delta_in_dq=False
   breakdown /tmp/old old_a
 else
   breakdown /tmp/old old_b
-  breakdown . new_b --variant r232:bwd_registers=232
+  breakdown . new_b --variant r232:bwd_registers=232 --variant nodind:bwd_delta_in_dq=False
 fi
