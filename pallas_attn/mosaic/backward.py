@@ -18,7 +18,8 @@ that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
   dQ kernel and its recomputation of S and dP are skipped. Measured slower than the two kernels
   except the lag form on long unmasked rows (benchmarks/NOTES.md, session 15).
 
-Compiled, the consumers take 232 registers (the producer 40) and keep their wgmmas in flight:
+Compiled, the consumers take ``Config.bwd_registers`` registers (232 with the producer at 40,
+or 240 with it at 24: the default on the H = 128 grid kernels) and keep their wgmmas in flight:
 S and dP are issued together and P is computed while dP runs, dV += P^T dO is issued before
 dS^T is formed (FA3 Section 3.3's overlap of the softmax with the matmuls).
 
