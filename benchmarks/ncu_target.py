@@ -10,7 +10,8 @@ issue slots, memory throughput); run it under ``ncu`` with a kernel-name filter,
   ncu ... --kernel-name regex:flash_attention_dkdv ... python3 benchmarks/ncu_target.py attention
 
 Targets: ``w4a16`` (the Mosaic W4A16 kernel with its default config, g128 asymmetric, on a
-prepared weight), ``attention`` (our Mosaic forward + backward, bf16, one ``jax.vjp``) and
+prepared weight), ``attention`` (our Mosaic forward + backward, bf16, one ``jax.vjp``; with
+``--implementation cudnn`` cuDNN's, whose launch shape and pipe use ncu then reports) and
 ``attention_fp8`` (the FP8 forward kernel on inputs quantised beforehand).
 """
 from __future__ import annotations
@@ -56,10 +57,13 @@ def _attention(args) -> None:
   cfg = dataclasses.replace(default_config(head_dim=d, seq_k=t, masked=args.causal),
                             **parse_fields(args.fields))
 
+  def attend(q, k, v):
+    if args.implementation == "cudnn":   # the peer, to read its launch shape and pipe use
+      return jax.nn.dot_product_attention(q, k, v, is_causal=args.causal, implementation="cudnn")
+    return flash_attention(q, k, v, causal=args.causal, implementation="mosaic", config=cfg)
+
   def fwd_bwd(q, k, v, do):
-    out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, causal=args.causal,
-                                                       implementation="mosaic", config=cfg),
-                       q, k, v)
+    out, vjp = jax.vjp(attend, q, k, v)
     return out, vjp(do)
   f = jax.jit(fwd_bwd)
   for _ in range(args.calls):
@@ -99,6 +103,8 @@ def main() -> int:
   ap.add_argument("--causal", action="store_true")
   ap.add_argument("--late-zero", action="store_true", help="w4a16: MosaicConfig.late_zero")
   ap.add_argument("--fields", default="", help="attention: Config fields, e.g. bwd_pt_smem=True")
+  ap.add_argument("--implementation", choices=("mosaic", "cudnn"), default="mosaic",
+                  help="attention: ours or cuDNN's (jax.nn.dot_product_attention)")
   args = ap.parse_args()
   {"w4a16": _w4a16, "attention": _attention, "attention_fp8": _attention_fp8}[args.target](args)
   return 0
