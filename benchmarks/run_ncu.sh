@@ -3,7 +3,8 @@
 # decode kernel and the attention backward kernels on the GPU machine:
 #   bash benchmarks/run_ncu.sh [w4_m1 w4_m16 w4_m64 w4_late_m1 w4_late_m16 attn_dkdv attn_dq
 #                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240 attn_fwd_h64 attn_fwd_h256
-#                               attn_fwd_h128 attn_fp8 attn_fp8_preg cudnn_bwd cudnn_fwd]
+#                               attn_fwd_h128 attn_fp8 attn_fp8_preg cudnn_bwd cudnn_fwd
+#                               cudnn_fwd_h256]
 OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD
@@ -25,6 +26,8 @@ for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
     attn_fp8) prof attn_fp8 flash_attention_fwd attention_fp8 ;;
     cudnn_bwd) prof cudnn_bwd flash_bprop attention --implementation cudnn ;;
     cudnn_fwd) prof cudnn_fwd flash_fprop attention --implementation cudnn ;;
+    cudnn_fwd_h256) prof cudnn_fwd_h256 flash_fprop attention --implementation cudnn \
+        --heads 8 --head-dim 256 ;;
     attn_fp8_preg) prof attn_fp8_preg flash_attention_fwd attention_fp8 \
         --fields fp8_p_registers=True ;;
     attn_dkdv_pt) prof attn_dkdv_pt flash_attention_dkdv attention --fields bwd_pt_smem=True ;;
