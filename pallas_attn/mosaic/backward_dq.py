@@ -17,8 +17,9 @@ from pallas_attn.mosaic.backward import (_TILED, _decode_tile, _grad_logits, _lo
                                          _matmul_acc, _product, _split_refs, _tile_mask, _visit,
                                          persistent_consumer_loop, persistent_tile_count,
                                          producer_registers)
-from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, kv_fetcher, produce, produce_rings,
-                                        slot_releases, split_kv_fetchers, tile_ranges)
+from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, heavy_first_tile, kv_fetcher,
+                                        produce, produce_rings, slot_releases, split_kv_fetchers,
+                                        tile_ranges)
 
 
 def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
@@ -52,13 +53,10 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
     my_tiles = persistent_tile_count(cta, num_ctas, grid_tiles)
   else:
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
-    tile = lax.axis_index("q_seq")
-    if st.spec.right is not None:
-      # Causal-like masks: the last Q tiles see the most keys. The grid launches tiles in
-      # order, so start those first and let the short tiles fill the grid's tail (as the
-      # forward's heavy_first; without it the heaviest tiles run last, ~6% of the kernel in a
-      # list-scheduling model of 2048 CTAs on 132 SMs).
-      tile = q_ref.shape[1] // (COMPUTE_WGS * bq) - 1 - tile
+    # Heaviest Q tiles first under causal-like masks (without it they ran last: ~6% of the
+    # kernel in a list-scheduling model of 2048 CTAs on 132 SMs).
+    tile = heavy_first_tile(lax.axis_index("q_seq"), n_tiles=q_ref.shape[1] // (COMPUTE_WGS * bq),
+                            st=st)
     lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
                                                    batch=batch, tile=tile,
                                                    full=st.num_kv_blocks)

@@ -54,7 +54,7 @@ class Config:
       232 (producer 40) or 240 (producer 24, FA3's split for two consumer warpgroups). Nsight
       Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step.
       ``default_config`` takes 240 at H > 128 and on the H = 128 grid kernels (session 29:
-      dK/dV 1.5-3% faster in both timing orders), 232 on the persistent ones and at H = 64.
+      dK/dV 0.6-3% faster in both timing orders), 232 on the persistent ones and at H = 64.
     bwd_pt_smem: compiled dK/dV kernel: dV += P^T dO takes P^T from shared memory (one 8 KiB
       store per step and consumer) instead of registers, so its 16 registers a thread are free
       while dS^T is formed (as a register operand they live until that wgmma retires). H200
@@ -449,8 +449,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # steps gain nothing at their ends and lose L2 order).
   # 240 registers a backward consumer (producer 24) at H = 128 on the grid kernels (H100,
   # session 29, both timing orders, cuDNN in the same process): dK/dV -1.5..-3% at 16x1024 and
-  # 8x2048, causal and full (dQ within +-0.4%); the persistent dK/dV kernel was 0.6-2% slower
-  # with it, so rows that take that one keep 232.
+  # 8x2048, -0.6..-1.1% at 4x4096, causal and full (dQ within +-0.4%); the persistent dK/dV
+  # kernel was 0.6-2% slower with it, so rows that take it keep 232.
   bwd_persistent = not masked and seq_k <= PERSISTENT_BWD_KEYS
   registers = 240 if wide or (hp == 128 and not bwd_persistent) else 232
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",

@@ -128,6 +128,15 @@ class Statics:
     return (not self.spec.is_trivial) or self.has_kv_len or self.has_segments
 
 
+def heavy_first_tile(tile, *, n_tiles: int, st: Statics):
+  """Query tile ``tile`` of a grid launch renumbered heaviest first. Under causal-like masks (a
+  right bound) the last query tiles see the most keys; the grid launches its tiles in order,
+  so starting those first lets the short tiles fill the grid's tail instead of a long one
+  running alone at the end (forward: session 3; the dQ kernel: session 29, -4..-8% on long
+  causal rows)."""
+  return n_tiles - 1 - tile if st.spec.right is not None else tile
+
+
 def _logits2(s, st: Statics):
   """q.k -> (x, c) with base-2 logits c * x: the scale (and softcap) folded into c.
 
@@ -196,9 +205,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
   num_heads = q_ref.shape[2]
 
   def heavy_first(tile):
-    # Causal-like masks: the last query tiles see the most keys. Start them first so that the
-    # short tiles fill the tail of the grid instead of a long one running alone at the end.
-    return n_tiles - 1 - tile if st.spec.right is not None else tile
+    return heavy_first_tile(tile, n_tiles=n_tiles, st=st)
 
   # Persistent launches number the tiles ("flat" indices) and give each CTA a sequence of them:
   # ``flat_of(i)`` is local tile i of a static deal, ``coords(flat)`` its (batch, head, tile).
