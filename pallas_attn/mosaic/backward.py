@@ -225,13 +225,20 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     v_op = v_smem[...] if "v" in st.kv_regs else v_smem
     defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
 
-    def probs_t(s, i, slot, masked: bool):
+    def row_stat(slot, which: int):
+      """lse (0) or D (1) of the step's Q block: one value per column of the transposed tile,
+      read from the stats ring (16 registers a thread)."""
+      return plgpu.load(rows_smem.at[slot, which], layout=col)
+
+    def probs_t(s, i, slot, masked: bool, lse=None):
       """k.q (transposed tile) -> (P^T, G^T): P^T is exactly 0 where the mask hides a logit,
       and G^T is the factor of dS^T = G^T (dP^T - D): P^T, or with a softcap P^T (1 - t^2)
       formed here, so that tanh's tile t does not stay live until dS^T (32 registers a
-      thread: the causal softcap consumer spilled 652 bytes with it; NOTES, session 28)."""
+      thread: the causal softcap consumer spilled 652 bytes with it; NOTES, session 28).
+      ``lse``: the step's lse when already read (``st.early_stats``)."""
       s2, t = _logits2(s, st)
-      lse2 = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 0], layout=col), shape, [1])
+      lse = row_stat(slot, 0) if lse is None else lse
+      lse2 = lax.broadcast_in_dim(lse, shape, [1])
       pt = jnp.exp2(s2 - lse2)
       if masked:
         mask = transposed_tile_mask(k_start=k_start, q_start=i * bq, kv_len=kv_len,
@@ -240,13 +247,15 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         pt = jnp.where(mask, pt, 0.0)
       return pt, (pt if t is None else pt * (1.0 - t * t))
 
-    def grad_logits_t(gt, dpt, slot):
+    def grad_logits_t(gt, dpt, slot, delta=None):
       """dS^T = G^T (dP^T - D) in the matmul dtype. D (16 registers a thread as a column
       broadcast) is read from SMEM here, after dP^T, rather than beside lse: live across the
       dV issue it pushed the consumer over its registers. And no mask: G^T is already 0
       wherever it would hide dS^T (dP^T and D are finite). Both cut ptxas's spills at H = 128
-      (1x1024x2x128, CUDA 13.0): full 52 -> 16 bytes, causal 456 -> 164 (NOTES, session 28)."""
-      delta = lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, 1], layout=col), shape, [1])
+      (1x1024x2x128, CUDA 13.0): full 52 -> 16 bytes, causal 456 -> 164 (NOTES, session 28).
+      ``delta``: D when already read (``st.early_stats``)."""
+      delta = row_stat(slot, 1) if delta is None else delta
+      delta = lax.broadcast_in_dim(delta, shape, [1])
       return _grad_logits(gt, dpt, delta, None, None, k_smem.dtype)
 
     def wait_inputs(slot):
@@ -288,10 +297,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       def scores(s_acc, dp_acc):
         plgpu.wgmma(s_acc, k_op, q_smem.at[slot].transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_smem.at[slot].transpose((1, 0)))
+        # ``st.early_stats``: lse read while S^T is in flight. Read after the wait, each
+        # shared-memory load sat in front of its first use and the consumer stalled on it (the
+        # FFMA of s * c - lse: 19% of the consumer's stall samples at 4x4096x16x128 full,
+        # Nsight Compute, session 30), queued behind the wgmmas' own operand reads.
+        early = "" if masked else st.early_stats
+        lse = row_stat(slot, 0) if "lse" in early else None
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
-        pt, gt = probs_t(s, i, slot, masked)
+        pt, gt = probs_t(s, i, slot, masked, lse)
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
           # a register operand they stay live until this wgmma retires, across the dS^T maths
@@ -303,8 +318,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         else:
           plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
+        delta = row_stat(slot, 1) if "delta" in early else None
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
-        return grad_logits_t(gt, dpt, slot)
+        return grad_logits_t(gt, dpt, slot, delta)
       acc = plgpu.ACC(shape, jnp.float32)
       dst = pl.run_scoped(scores, acc, acc)
       issue_dk = lambda: plgpu.wgmma(dk_acc, dst, q_smem.at[slot])

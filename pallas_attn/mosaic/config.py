@@ -255,6 +255,12 @@ class Config:
       128 (the kernel already spills ~50 bytes at 232). Interpret mode ignores it. H200
       (session 14): bitwise the same gradients but the dK/dV kernel 9-17% slower ("k": 1.675
       -> 1.835 ms at 4x4096x16x128 full; "v": 1.853) with 312 bytes of spills. "" (off).
+    bwd_early_stats: the compiled dK/dV kernel reads a step's lse ("lse") and D ("lse+delta")
+      from the stats ring while S^T = K Q^T (dP^T = V dO^T) runs, instead of after waiting for
+      it. Nsight Compute (H200, session 30, 4x4096x16x128 full): each of those shared-memory
+      loads sat just before its first use, and the FFMAs of s * c - lse waited on them (short
+      scoreboard) for 19% of the consumer warps' stall samples. 16 registers a thread each,
+      live across the wait. Interpret mode ignores it. "" (off) until timed.
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels put the sequence
       tiles on the fastest axis (CUDA's blockIdx.x) instead of the heads, so the CTAs resident
       at once are mostly tiles of one head and share its K / V (forward, dQ) or Q / dO (dK/dV)
@@ -309,6 +315,7 @@ class Config:
   bwd_dq_regs: bool = False
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
+  bwd_early_stats: str = ""
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False
   bwd_persistent: bool = False
@@ -332,6 +339,9 @@ class Config:
     if self.q_regs_cols < 0 or self.q_regs_cols % 64:
       raise ValueError("Config.q_regs_cols must be a non-negative multiple of 64, got "
                        f"{self.q_regs_cols!r}")
+    if self.bwd_early_stats not in ("", "lse", "lse+delta"):
+      raise ValueError("Config.bwd_early_stats must be '', 'lse' or 'lse+delta', got "
+                       f"{self.bwd_early_stats!r}")
     if self.bwd_dkdv_regs not in ("", "k", "v", "kv"):
       raise ValueError("Config.bwd_dkdv_regs must be '', 'k', 'v' or 'kv', got "
                        f"{self.bwd_dkdv_regs!r}")

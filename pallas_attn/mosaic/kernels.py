@@ -102,6 +102,8 @@ class Statics:
                                 # A operand from registers (loaded once per tile), not SMEM
   qdo_regs: bool = False        # dQ kernel (compiled): Q and dO as register A operands of S, dP
   kv_regs: str = ""             # dK/dV kernel (compiled): "k", "v" or "kv" as register A operands
+  early_stats: str = ""         # dK/dV kernel (compiled): "lse" / "lse+delta" read from SMEM
+                                # while the S^T / dP^T wgmma runs, not after its wait
   v_stages: int = 0             # V ring depth where it differs from K's (0: the same): the dQ
                                 # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
