@@ -66,8 +66,17 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
     if st.has_segments:
       plgpu.barrier_wait(rows_ready.at[stages + slot])
 
-  def row(slot, which):
-    return lax.broadcast_in_dim(plgpu.load(rows_smem.at[slot, which], layout=col), shape, [1])
+  def row(slot, which, early=None):
+    """lse (0) / D (1) of the step's Q block as a column broadcast; ``early``: already read
+    (``st.early_stats``: read before the product that it follows, so the load's latency
+    overlaps the wgmma instead of stalling the first use; NOTES, session 30)."""
+    val = plgpu.load(rows_smem.at[slot, which], layout=col) if early is None else early
+    return lax.broadcast_in_dim(val, shape, [1])
+
+  def read_early(slot, which, masked: bool, name: str):
+    if masked or name not in st.early_stats:
+      return None
+    return plgpu.load(rows_smem.at[slot, which], layout=col)
 
   def finish(acc, scale, dst_smem, dst_ref):
     """The accumulator through this side's own input tile (no longer read by anyone)."""
@@ -100,9 +109,10 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
       s_no = n * per_head + (i - lo)
       slot = lax.rem(s_no, stages)
       wait_inputs(slot)
+      lse = read_early(slot, 0, masked, "lse")
       s2, t = _logits2(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), st)
       release_q(slot)                                    # S^T was Q's last use on this side
-      pt = jnp.exp2(s2 - row(slot, 0))
+      pt = jnp.exp2(s2 - row(slot, 0, lse))
       if masked:
         mask = transposed_tile_mask(k_start=k_start, q_start=i * bq, kv_len=kv_len,
                                     qseg_ref=qseg_smem.at[slot] if st.has_segments else None,
@@ -133,17 +143,18 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
     plgpu.barrier_wait(kv_ready.at[1])
 
     def step(n, i, dk, masked: bool):
-      del masked                              # G^T is already 0 wherever P^T was masked
+      # (no mask here: G^T is already 0 wherever P^T was masked)
       s_no = n * per_head + (i - lo)
       slot = lax.rem(s_no, stages)
       wait_inputs(slot)
+      delta = read_early(slot, 1, masked, "delta")
       dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
       release_do(slot)
       buf = lax.rem(s_no, 2)
       plgpu.barrier_wait(g_ready.at[buf])
       g = plgpu.load(g_smem.at[buf], layout=plgpu.Layout.WGMMA).astype(jnp.float32)
       plgpu.barrier_arrive(g_free.at[buf])
-      dst = (g * (dpt - row(slot, 1))).astype(k_smem.dtype)
+      dst = (g * (dpt - row(slot, 1, delta))).astype(k_smem.dtype)
       dk = _matmul_acc(dk, dst, q_smem.at[slot],
                        None if stage_smem is None else stage_smem.at[DK_SIDE],
                        registers=st.registers_pv)

@@ -260,7 +260,9 @@ class Config:
       it. Nsight Compute (H200, session 30, 4x4096x16x128 full): each of those shared-memory
       loads sat just before its first use, and the FFMAs of s * c - lse waited on them (short
       scoreboard) for 19% of the consumer warps' stall samples. 16 registers a thread each,
-      live across the wait. Interpret mode ignores it. "" (off) until timed.
+      live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
+      split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
+      mode ignores it. "" (off) until timed.
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels put the sequence
       tiles on the fastest axis (CUDA's blockIdx.x) instead of the heads, so the CTAs resident
       at once are mostly tiles of one head and share its K / V (forward, dQ) or Q / dO (dK/dV)

@@ -1,9 +1,10 @@
 """``Config.bwd_early_stats``: the dK/dV kernel reads a step's lse (and D) from the stats ring
 while the S^T (dP^T) wgmma runs instead of after waiting for it.
 
-Compiled only (interpret mode has no async wgmma and ignores it). Checked on the kernel lowered
-for sm90 on the CPU host: in the step's instruction stream, the shared-memory loads of the
-statistics move in front of the wait for the product they feed. The gradients are the same
+Compiled only (interpret mode has no async wgmma and ignores it). Checked on the kernels lowered
+for sm90 on the CPU host (the dK/dV kernel at H = 128, the split one at H = 256): in the step's
+instruction stream, the shared-memory loads of the statistics move in front of the wait for the
+product they follow. The gradients are the same
 loads and the same arithmetic, so a compiled run must give them bitwise (the ``gpu`` case).
 """
 import dataclasses
@@ -19,10 +20,10 @@ from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config
 
 
-def _step_events(cfg) -> list[tuple[str, int]]:
+def _step_events(cfg, h: int) -> list[tuple[str, int]]:
   """The dK/dV kernel's lowered text as runs of (event, count): "mma" (wgmma issues), "wait"
   (wgmma.wait_group) and "lds" (loads from shared memory, address space 3)."""
-  low = mosaic_mlir.lower_attention(cfg, head_dim=128, grad=True, causal=False)
+  low = mosaic_mlir.lower_attention(cfg, head_dim=h, grad=True, causal=False)
   (text,) = [t for t in mosaic_mlir.kernel_texts(low) if "dkdv" in t]
   runs: list[list] = []
   for line in text.splitlines():
@@ -41,31 +42,27 @@ def _step_events(cfg) -> list[tuple[str, int]]:
   return [tuple(r) for r in runs]
 
 
-def _loads_before_waits(events) -> list[int]:
-  """Shared-memory loads between each run of wgmma issues and the wait that follows it."""
-  counts, inside = [], None
-  for ev, n in events:
-    if ev == "mma":
-      inside = 0 if inside is None else inside
-    elif ev == "lds" and inside is not None:
-      inside += n
-    elif ev == "wait" and inside is not None:
-      counts.append(inside)
-      inside = None
-  return counts
+def _early_loads(events) -> int:
+  """Runs of shared-memory loads issued before a product finishes: followed by a wgmma wait
+  (read while the product runs) or by the 16 wgmmas of a product over the head dim (read
+  before it is issued). The late form reads them after the wait, in front of their first use,
+  where the consumer stalled on each load's latency."""
+  return sum(a[0] == "lds" and (b[0] == "wait" or b == ("mma", 16))
+             for a, b in zip(events, events[1:]))
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="compiled runs lower it for real")
-def test_stats_loads_move_before_the_waits():
-  # Unmasked, 4096 keys: the grid kernel with its one (unmasked) step form.
-  base = default_config(head_dim=128, seq_k=4096, masked=False)
-  got = {mode: _loads_before_waits(_step_events(dataclasses.replace(base, bwd_early_stats=mode)))
+@pytest.mark.parametrize("h", [128, 256], ids=["dkdv_kernel", "split_kernel"])
+def test_stats_loads_move_before_the_waits(h):
+  # Unmasked, 4096 keys: the grid kernel (H = 128) or the split one (H = 256), with only the
+  # unmasked step form. lse and D are one run of 8 loads each (64 columns, two floats a load).
+  base = default_config(head_dim=h, seq_k=4096, masked=False)
+  got = {mode: _step_events(dataclasses.replace(base, bwd_early_stats=mode), h)
          for mode in ("", "lse", "lse+delta")}
-  # The step waits twice with one group left in flight (S^T, then dP^T behind dV's issue),
-  # then for the rest; a stats row is 8 loads of two floats a thread (64 columns).
-  assert got[""][:2] == [0, 0]
-  assert got["lse"][:2] == [8, 0]
-  assert got["lse+delta"][:2] == [8, 8]
+  early = {mode: _early_loads(ev) for mode, ev in got.items()}
+  assert early == {"": 0, "lse": 1, "lse+delta": 2}
+  loads = {mode: sum(n for ev, n in evs if ev == "lds") for mode, evs in got.items()}
+  assert loads[""] == loads["lse"] == loads["lse+delta"] == 16      # the same loads, moved
   assert Config().bwd_early_stats == ""
 
 
@@ -75,15 +72,15 @@ def test_bad_value_raises():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-def test_early_stats_gradients_bitwise_compiled(causal):
+@pytest.mark.parametrize("h,causal", [(128, False), (128, True), (256, False)])
+def test_early_stats_gradients_bitwise_compiled(h, causal):
   """Compiled: the same loads, earlier, so out and every gradient equal the default's."""
   if jax.default_backend() != "gpu":
     pytest.skip("needs the GPU")
   keys = jax.random.split(jax.random.key(30), 4)
-  q, k, v = (jax.random.normal(kk, (2, 1024, 4, 128), jnp.bfloat16) for kk in keys[:3])
-  base = default_config(head_dim=128, seq_k=1024, masked=causal)
-  base = dataclasses.replace(base, bwd_persistent=False)
+  q, k, v = (jax.random.normal(kk, (2, 1024, 4, h), jnp.bfloat16) for kk in keys[:3])
+  base = default_config(head_dim=h, seq_k=1024, masked=causal)
+  base = dataclasses.replace(base, bwd_persistent=False)     # the grid kernels (and H = 256's split)
 
   def run(cfg):
     f = lambda q, k, v: flash_attention(q, k, v, causal=causal, implementation="mosaic",
