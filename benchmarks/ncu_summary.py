@@ -5,6 +5,13 @@ samples), the stall reasons over all samples, and the source lines with the most
 on any machine (no GPU needed):
 
   python3 benchmarks/ncu_summary.py benchmarks/results/ncu/2026-12-03_s9_w4a16_m1_lop3.sass.csv.gz
+
+A warp-specialised kernel mixes warps that wait by design (a producer parked on its ring's
+mbarriers) with the consumers whose stalls cost time, and the all-samples view mixes them too
+(session 30: 27% of the dK/dV kernel's samples were one producer ``BRA``). ``--groups`` splits
+the lines by how many times each was executed: a loop body's lines share one count (e.g.
+consumer warps x CTAs x steps), so each role's loop is one group, with its own stall reasons;
+``--count N`` then restricts the whole summary to the lines executed N times.
 """
 from __future__ import annotations
 
@@ -15,12 +22,32 @@ import gzip
 import re
 
 
-def summarise(path: str, top: int = 25) -> None:
+def _read(path: str):
   rows = list(csv.reader(gzip.open(path, "rt")))
   header, data = rows[1], [r for r in rows[2:] if len(r) >= len(rows[1])]
   col = {h: i for i, h in enumerate(header)}
   stall_cols = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
   as_int = lambda r, name: int(r[col[name]] or 0)
+  return data, col, stall_cols, as_int
+
+
+def groups(path: str, top: int = 8) -> list[tuple[int, int, int, list[tuple[str, int]]]]:
+  """(execution count, lines, samples, top stall reasons) of the ``top`` groups by samples."""
+  data, _, stall_cols, as_int = _read(path)
+  lines, samples = collections.Counter(), collections.Counter()
+  stalls = collections.defaultdict(collections.Counter)
+  for r in data:
+    n = as_int(r, "Instructions Executed")
+    lines[n] += 1
+    samples[n] += as_int(r, "Warp Stall Sampling (All Samples)")
+    stalls[n].update({c[6:]: as_int(r, c) for c in stall_cols})
+  return [(n, lines[n], samp, stalls[n].most_common(4)) for n, samp in samples.most_common(top)]
+
+
+def summarise(path: str, top: int = 25, count: int | None = None) -> None:
+  data, col, stall_cols, as_int = _read(path)
+  if count is not None:
+    data = [r for r in data if as_int(r, "Instructions Executed") == count]
   executed, sampled = collections.Counter(), collections.Counter()
   stalls, lines = collections.Counter(), []
   for r in data:
@@ -51,9 +78,19 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("paths", nargs="+")
   ap.add_argument("--top", type=int, default=25)
+  ap.add_argument("--groups", action="store_true",
+                  help="the lines grouped by execution count (one group per role's loop)")
+  ap.add_argument("--count", type=int, help="summarise only the lines executed this many times")
   args = ap.parse_args()
   for path in args.paths:
-    summarise(path, top=args.top)
+    if args.groups:
+      total = max(1, sum(g[2] for g in groups(path, top=10 ** 6)))
+      print(f"{path}: groups by execution count (count, lines, share of samples, stalls)")
+      for n, n_lines, samp, worst in groups(path):
+        reasons = " ".join(f"{k}={v / max(1, samp):.0%}" for k, v in worst if v)
+        print(f"  {n:11d} {n_lines:5d} {samp / total:6.1%}  {reasons}")
+    else:
+      summarise(path, top=args.top, count=args.count)
   return 0
 
 
