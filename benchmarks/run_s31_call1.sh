@@ -4,7 +4,8 @@
 # against the default, per kernel, cuDNN in the same process; gradients compared with the
 # default's (the early reads must be bitwise).
 #   a: ours first;  b: ours last (`--ours-last`, the first-timed bias check);
-#   c: the compiled bitwise tests, then H = 256 (the split dK/dV kernel) full and causal.
+#   c: the compiled bitwise tests, then H = 256 (the split dK/dV kernel) full and causal;
+#   d: H = 64 (the same kernel as H = 128; ptxas spills nothing there with either form).
 part=${1:-a}
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -21,4 +22,5 @@ case "$part" in
   c) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 python3 -m pytest -q -m gpu -n 3 \
          -p no:cacheprovider -rfE tests/pallas_attn/test_mosaic_early_stats.py 2>&1 | tail -3
      breakdown h256 4x4096x8x256 0,1 ;;
+  d) breakdown h64 4x4096x32x64 0,1 ;;
 esac
