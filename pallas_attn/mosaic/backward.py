@@ -146,9 +146,16 @@ def _split_refs(refs, st: Statics, has_meta: bool):
 # ----------------------------------------------------------------------------------------------
 
 def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = "",
-                num_ctas: int = 0, grid_tiles: tuple[int, int, int] = (0, 0, 0)):
+                num_ctas: int = 0, grid_tiles: tuple[int, int, int] = (0, 0, 0),
+                self_fed: bool = False):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, dq_acc], dk, dv[, dq_parts], smem,
   barriers.
+
+  ``self_fed`` (``Config.bwd_self_fed``; grid form without the fused dQ): launched with the two
+  consumer warpgroups only. Consumer 0 fills the Q / dO / stats ring itself (the first
+  ``num_stages`` steps before its loop; at step s, once both consumers have released step
+  s - 1's slot, step s - 1 + num_stages into it), so no producer warpgroup holds registers and
+  ptxas may give each consumer thread up to 255 instead of 240.
 
   ``num_ctas`` > 0: the persistent form (``Config.bwd_persistent``; unmasked calls without the
   fused dQ): ``num_ctas`` CTAs loop over the (K/V head, K/V tile, batch) tiles of
@@ -188,7 +195,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     my_tiles = persistent_tile_count(cta, num_ctas, grid_tiles)
   else:
     batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
-        meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks)
+        meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks,
+        loader=0 if self_fed else COMPUTE_WGS)
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   per_head = hi - lo                      # Q blocks visited for each head of the group
   tile_steps = st.groups * per_head       # ring steps of one tile
@@ -201,6 +209,39 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   def tile_keys(tile):
     return pl.ds(tile * (COMPUTE_WGS * bkv) + wg * bkv, bkv)
+
+  self_fetch = None
+  if self_fed:
+    self_fetch = q_block_fetcher((q_ref, do_ref, rows_ref, q_seg_ref),
+                            (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
+                            batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st)
+
+  def refill(step_no):
+    """Self-fed ring: consumer 0 waits until both consumers released step ``step_no - 1``'s
+    slot, then loads step ``step_no - 1 + stages`` into it (``ring.produce``'s steady state,
+    one step at a time inside the consumer loop)."""
+    if not self_fed:
+      return
+    nxt = step_no - 1 + stages
+
+    @pl.when((wg == 0) & (step_no >= 1) & (nxt < tile_steps))
+    def _():
+      for wait in waits:
+        wait(lax.rem(step_no - 1, stages))
+      self_fetch(nxt)
+
+  def drain_ring():
+    """Self-fed ring: consumer 0 observes the releases no refill waited for (the last
+    ``stages`` steps), so that every barrier phase is waited on (``ring.produce``'s drain)."""
+    if not self_fed:
+      return
+
+    @pl.when(wg == 0)
+    def _():
+      @pl.loop(jnp.maximum(tile_steps - stages, 0), tile_steps)
+      def _drain(i):
+        for wait in waits:
+          wait(lax.rem(i, stages))
 
   def consume(batch, kv_head, tile, k_smem, v_smem, base):
     """One K/V tile of this consumer (K, V in ``k_smem``, ``v_smem``): every Q block of every
@@ -267,6 +308,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     def step(n, i, carry, masked: bool):
       """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM."""
       dk, dv = carry
+      refill(base + n * per_head + (i - lo))
       slot = lax.rem(base + n * per_head + (i - lo), stages)
       wait_inputs(slot)
       pt, gt = probs_t(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot,
@@ -297,6 +339,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       def scores(s_acc, dp_acc):
         plgpu.wgmma(s_acc, k_op, q_smem.at[slot].transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_smem.at[slot].transpose((1, 0)))
+        if not defer:
+          refill(step_no)             # (self-fed) while this step's S^T and dP^T run
         # ``st.early_stats``: lse read while S^T is in flight. Read after the wait, each
         # shared-memory load sat in front of its first use and the consumer stalled on it (the
         # FFMA of s * c - lse: 19% of the consumer's stall samples at 4x4096x16x128 full,
@@ -306,6 +350,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
+          refill(step_no)             # (self-fed) after this consumer's own release of s - 1
         pt, gt = probs_t(s, i, slot, masked, lse)
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
@@ -361,6 +406,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
     if fdq is not None:
       fdq.finish(st.groups * per_head)
+    drain_ring()
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
@@ -369,7 +415,14 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
-    plgpu.set_max_registers(st.consumer_registers, action="increase")
+    if not self_fed:            # (self-fed: two warpgroups, ptxas's own allocation, <= 255)
+      plgpu.set_max_registers(st.consumer_registers, action="increase")
+    if self_fed:
+      @pl.when(wg == 0)
+      def _prologue():
+        @pl.loop(0, jnp.minimum(tile_steps, stages))
+        def _fill(i):
+          self_fetch(i)
     if not persist:
       k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
       plgpu.copy_gmem_to_smem(k_ref.at[batch, tile_keys(tile), kv_head], k_smem,
@@ -396,6 +449,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         consume=lambda t, buf, it: consume(*decode(t), k_smem2.at[buf, wg], v_smem2.at[buf, wg],
                                            it * tile_steps))
     st.wait_stores()
+
+  if self_fed:                  # (no producer warpgroup in the launch)
+    return
 
   @pl.when(wg == COMPUTE_WGS)
   def _producer():
@@ -452,14 +508,15 @@ def persistent_consumer_loop(*, cta, num_ctas: int, my_tiles, load, wait, consum
     consume(t, buf, it)
 
 
-def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int):
+def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int, loader: int = COMPUTE_WGS):
   """(batch, K/V head, K/V tile, warpgroup, (lo, lo_full, hi_full, hi, kv_len)) of a dK/dV
-  CTA on the (heads, kv_seq, batch) grid: its Q blocks [lo, hi) per group head."""
+  CTA on the (heads, kv_seq, batch) grid: its Q blocks [lo, hi) per group head. ``loader``:
+  the warpgroup that loads the CTA's record (the producer; consumer 0 when self-fed)."""
   batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
                           lax.axis_index("kv_seq"))
   wg = lax.axis_index("wg")
   ranges = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg, batch=batch, tile=tile,
-                       full=num_q_blocks)
+                       full=num_q_blocks, producer=loader)
   return batch, kv_head, tile, wg, ranges
 
 

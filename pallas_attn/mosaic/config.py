@@ -263,6 +263,14 @@ class Config:
       live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
       split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
       mode ignores it. "" (off) until timed.
+    bwd_self_fed: the grid dK/dV kernel is launched with its two consumer warpgroups only, and
+      consumer 0 fills the Q / dO / stats ring itself (``backward.dkdv_kernel``): without the
+      producer's share of the register file, ptxas may give each consumer thread up to 255
+      registers instead of 240. Offline (1x4096x2x128, session 30), 248-256 registers a
+      consumer remove the spills at H = 128 and let ``bwd_defer_wait`` (a step's dK wgmma
+      waited by the next step, so the tensor cores get the next S^T and dP^T while it
+      finishes) compile without C7512, which serialises every wgmma at 240. Not with the
+      persistent, fused-dQ or split forms or ``named_free`` (ignored there). Off until timed.
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels put the sequence
       tiles on the fastest axis (CUDA's blockIdx.x) instead of the heads, so the CTAs resident
       at once are mostly tiles of one head and share its K / V (forward, dQ) or Q / dO (dK/dV)
@@ -318,6 +326,7 @@ class Config:
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
   bwd_early_stats: str = ""
+  bwd_self_fed: bool = False
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False
   bwd_persistent: bool = False

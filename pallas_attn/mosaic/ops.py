@@ -142,7 +142,8 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   else:
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
                            st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
-                           split=split, seq_major=cfg.seq_major, persistent=cfg.bwd_persistent)
+                           split=split, seq_major=cfg.seq_major, persistent=cfg.bwd_persistent,
+                           self_fed=cfg.bwd_self_fed)
   return dq, dk, dv, None, None, None
 
 
@@ -270,7 +271,8 @@ def _delta(do, out, dlse, block: int, interpret):
 
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
               st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
-              split: bool = False, seq_major: bool = False, persistent: bool = False):
+              split: bool = False, seq_major: bool = False, persistent: bool = False,
+              self_fed: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -315,14 +317,14 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
   def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=(), params=None,
-           rows_in=None):
+           rows_in=None, threads=kernels.COMPUTE_WGS + 1):
     inputs = (base if rows_in is None else base[:4] + [rows_in]) + (
         [meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
     outs = plgpu.kernel(
         kernel, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=names,
-        num_threads=kernels.COMPUTE_WGS + 1, thread_name="wg",
+        num_threads=threads, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, **(params or {})),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
         kernel_name=f"flash_attention_{name}")(*inputs, *extra_inputs)   # names in profiles
@@ -331,9 +333,17 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   kv_tiles = tk // (bkv if split else kernels.COMPUTE_WGS * bkv)
   dkdv_out = [jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
               jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)]
-  dkdv_kw = dict(st=st_dkdv, has_meta=has_meta, num_q_blocks=tq // bq)
   persist = persistent and not (fused_dq or split or has_meta or st_dkdv.defer_wait) and (
       backward_smem_bytes(st=st_dkdv, head_dim=hp, persistent=True) <= SMEM_LIMIT_BYTES)
+  # Config.bwd_self_fed: the grid dK/dV kernel without a producer warpgroup (its consumer 0
+  # fills the ring; not the persistent, fused-dQ or split forms). Its slot releases are
+  # mbarriers: ``named_free``'s hardware barriers count a producer warpgroup in.
+  self_fed = self_fed and not (persist or fused_dq or split)
+  if self_fed and st_dkdv.named_free:
+    st_dkdv = dataclasses.replace(st_dkdv, named_free=False)
+  dkdv_kw = dict(st=st_dkdv, has_meta=has_meta, num_q_blocks=tq // bq)
+  if self_fed:
+    dkdv_kw.update(self_fed=True)
   dkdv_scratch = backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
                                        fused_dq=fused_dq, persistent=persist)
   dkdv_grid = tuple(_grid(kh, kv_tiles, b, seq="kv_seq", seq_major=seq_major).values())
@@ -369,7 +379,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                             persistent=dq_persist),
         *dq_grid, tuple(dq_out), meta_dq, extra_inputs=o_in, params=dq_compiler_params(st_dq))
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv,
-                  rows_in=rows_done[0] if rows_done else None)
+                  rows_in=rows_done[0] if rows_done else None,
+                  threads=kernels.COMPUTE_WGS + (0 if self_fed else 1))
   elif interpret:
     dk, dv, parts = call("dkdv",
                          functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
