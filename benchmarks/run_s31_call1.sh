@@ -8,8 +8,8 @@
 #   a: ours first;  b: ours last (`--ours-last`, the first-timed bias check);
 #   c: the compiled bitwise tests, then H = 256 (the split dK/dV kernel) full and causal;
 #   d: H = 64 (the same kernel as H = 128; ptxas spills nothing there with either form);
-#   e: 16x1024x16x128 in both orders (its unmasked default is the persistent kernel, which
-#      neither flag changes; the flags' grid form is compared there only on causal).
+#   e: 16x1024x16x128 in both orders (unmasked, the default there is the persistent dK/dV
+#      kernel: `sf` leaves it as it is, the defer_wait variants run the self-fed grid kernel).
 part=${1:-a}
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
