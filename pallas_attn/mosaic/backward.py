@@ -212,9 +212,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   self_fetch = None
   if self_fed:
-    self_fetch = q_block_fetcher((q_ref, do_ref, rows_ref, q_seg_ref),
-                            (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
-                            batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st)
+    self_fetch = q_block_fetcher(
+        (q_ref, do_ref, rows_ref, q_seg_ref), (q_smem, do_smem, rows_smem, qseg_smem),
+        (q_ready, do_ready, rows_ready), batch=batch, kv_head=kv_head, lo=lo, per_head=per_head,
+        st=st)
 
   def refill(step_no):
     """Self-fed ring: consumer 0 waits until both consumers released step ``step_no - 1``'s

@@ -80,7 +80,7 @@ def test_early_stats_gradients_bitwise_compiled(h, causal):
   keys = jax.random.split(jax.random.key(30), 4)
   q, k, v = (jax.random.normal(kk, (2, 1024, 4, h), jnp.bfloat16) for kk in keys[:3])
   base = default_config(head_dim=h, seq_k=1024, masked=causal)
-  base = dataclasses.replace(base, bwd_persistent=False)     # the grid kernels (and H = 256's split)
+  base = dataclasses.replace(base, bwd_persistent=False)     # grid kernels (H = 256: split)
 
   def run(cfg):
     f = lambda q, k, v: flash_attention(q, k, v, causal=causal, implementation="mosaic",
