@@ -66,17 +66,17 @@ def dkdv_split_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int):
     if st.has_segments:
       plgpu.barrier_wait(rows_ready.at[stages + slot])
 
+  def load_row(slot, which):
+    return plgpu.load(rows_smem.at[slot, which], layout=col)
+
   def row(slot, which, early=None):
     """lse (0) / D (1) of the step's Q block as a column broadcast; ``early``: already read
     (``st.early_stats``: read before the product that it follows, so the load's latency
     overlaps the wgmma instead of stalling the first use; NOTES, session 30)."""
-    val = plgpu.load(rows_smem.at[slot, which], layout=col) if early is None else early
-    return lax.broadcast_in_dim(val, shape, [1])
+    return lax.broadcast_in_dim(load_row(slot, which) if early is None else early, shape, [1])
 
   def read_early(slot, which, masked: bool, name: str):
-    if masked or name not in st.early_stats:
-      return None
-    return plgpu.load(rows_smem.at[slot, which], layout=col)
+    return None if masked or name not in st.early_stats else load_row(slot, which)
 
   def finish(acc, scale, dst_smem, dst_ref):
     """The accumulator through this side's own input tile (no longer read by anyone)."""
