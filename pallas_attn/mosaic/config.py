@@ -262,7 +262,8 @@ class Config:
       scoreboard) for 19% of the consumer warps' stall samples. 16 registers a thread each,
       live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
       split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
-      mode ignores it. "" (off) until timed.
+      mode ignores it. Default: "lse" on the unmasked H = 128 grid kernel, "lse+delta" elsewhere
+      (``default_config``).
     bwd_self_fed: the grid dK/dV kernel is launched with its two consumer warpgroups only, and
       consumer 0 fills the Q / dO / stats ring itself (``backward.dkdv_kernel``): without the
       producer's share of the register file, ptxas may give each consumer thread up to 255
@@ -474,6 +475,13 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # kernel was 0.6-2% slower with it, so rows that take it keep 232.
   bwd_persistent = not masked and seq_k <= PERSISTENT_BWD_KEYS
   registers = 240 if wide or (hp == 128 and not bwd_persistent) else 232
+  # A step's lse and D read while S^T / dP^T run (bwd_early_stats; H100, session 31, both
+  # timing orders, gradients bitwise the same): the dK/dV kernel with "lse+delta" 11.5% / 16%
+  # faster at 4x4096x32x64 full / causal, 11% / 10% at 4x4096x8x256, 5% at 16x1024x16x128 full
+  # (persistent), 1% at 4x4096x16x128 causal. On the unmasked H = 128 grid kernel (240
+  # registers, where D's 16 more registers raise its spills) "lse" alone: 4x4096 full 1.620 ->
+  # 1.496 ms, against 1.650 with both.
+  early_stats = "lse" if hp == 128 and not masked and not bwd_persistent else "lse+delta"
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
@@ -482,4 +490,4 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
-                lazy_rescale=8.0 if wide and masked else 0.0)
+                lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats)
