@@ -30,6 +30,14 @@ class Config:
     bwd_block_q, bwd_block_kv: backward tiles (dQ: block_q rows per consumer, block_kv keys per
       step; dK/dV: block_kv keys per consumer, block_q queries per step). 64 each by default: a
       dK/dV consumer holds two fp32 [block_kv, H] accumulators.
+    bwd_dkdv_block_q: queries per step of the dK/dV kernel when it should differ from the dQ
+      kernel's ``bwd_block_q`` rows (0: the same). At H = 64 a dK/dV step of 64 queries is
+      four 64x64x64 wgmmas a consumer, so the step's fixed costs (ring waits and releases,
+      the lse / D reads, two wgmma waits) weigh twice what they do at H = 128: the dK/dV
+      kernel runs at ~560 TFLOP/s there against ~740 at H = 128 (H100, session 31). 128
+      queries a step halves them; ptxas (offline) spills nothing at H = 64 without
+      ``bwd_early_stats`` and 16 B with "lse" at 240 registers, where the dQ kernel with
+      128-row blocks would spill and serialise its wgmmas (C7512). 0 until timed.
     bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
@@ -298,6 +306,7 @@ class Config:
   v_stages: int = 0
   bwd_block_q: int = 64
   bwd_block_kv: int = 64
+  bwd_dkdv_block_q: int = 0
   bwd_num_stages: int = 2
   bwd_dq_block_kv: int = 64
   bwd_fused_dq: bool = False
@@ -343,6 +352,9 @@ class Config:
     for f in ("bwd_block_q", "bwd_block_kv", "bwd_dq_block_kv"):
       if getattr(self, f) not in (64, 128):
         raise ValueError(f"Config.{f} must be 64 or 128, got {getattr(self, f)}")
+    if self.bwd_dkdv_block_q not in (0, 64, 128):
+      raise ValueError("Config.bwd_dkdv_block_q must be 0 (bwd_block_q), 64 or 128, got "
+                       f"{self.bwd_dkdv_block_q!r}")
     if self.consumers not in (2, 3):
       raise ValueError(f"Config.consumers must be 2 or 3, got {self.consumers!r}")
     if self.exp2_poly_cols < 0 or self.exp2_poly_cols % 8:

@@ -182,13 +182,15 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                       interpret):
   """Statics of the dQ and dK/dV kernels (tiles, padded lengths, masks).
 
-  T is padded to the CTA's 2 * bwd_block_q rows, S to a multiple of both the dK/dV CTA's
-  2 * bwd_block_kv keys and the dQ step's bwd_dq_block_kv. The dQ ring takes bwd_num_stages
-  stages, fewer where they would not fit in shared memory next to Q and dO.
+  T is padded to the dQ CTA's 2 * bwd_block_q rows and to the dK/dV step's bwd_dkdv_block_q,
+  S to a multiple of both the dK/dV CTA's 2 * bwd_block_kv keys and the dQ step's
+  bwd_dq_block_kv. The dQ ring takes bwd_num_stages stages, fewer where they would not fit in
+  shared memory next to Q and dO.
   """
   t, s = q.shape[1], k.shape[1]
   bq, bkv, dq_bkv = cfg.bwd_block_q, cfg.bwd_block_kv, cfg.bwd_dq_block_kv
-  tq = _round_up(t, kernels.COMPUTE_WGS * bq)
+  dkdv_bq = cfg.bwd_dkdv_block_q or bq
+  tq = _round_up(t, math.lcm(kernels.COMPUTE_WGS * bq, dkdv_bq))
   tk = _round_up(s, math.lcm(kernels.COMPUTE_WGS * bkv, dq_bkv))
   left, right = masks.canonical_window(causal=causal, window=window)
   common = dict(scale=scale, softcap=softcap,
@@ -225,7 +227,7 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
   with_delta = dataclasses.replace(st_dq, delta_in_dq=True)
   if cfg.bwd_delta_in_dq and dq_smem_bytes(st=with_delta, head_dim=hp) <= SMEM_LIMIT_BYTES:
     st_dq = with_delta
-  st_dkdv = kernels.Statics(block_q=bq, block_kv=bkv, num_kv_blocks=tq // bq,
+  st_dkdv = kernels.Statics(block_q=dkdv_bq, block_kv=bkv, num_kv_blocks=tq // dkdv_bq,
                             num_stages=cfg.bwd_num_stages, **common)
   return st_dq, st_dkdv
 
@@ -281,6 +283,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   s, kh = k.shape[1], k.shape[2]
   bq, bkv, dq_bkv = st_dkdv.block_q, st_dkdv.block_kv, st_dq.block_kv
   tq, tk = st_dkdv.num_kv_blocks * bq, st_dq.num_kv_blocks * dq_bkv
+  dq_rows = kernels.COMPUTE_WGS * st_dq.block_q     # a dQ CTA's rows (Config.bwd_dkdv_block_q)
 
   def pad(x, length):
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
@@ -292,7 +295,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   # D = rowsum(dO * O) - dlse: a pre-pass kernel, or (``delta_in_dq``) the dQ kernel, which
   # then writes the finished record for the dK/dV kernel.
   delta_in_dq = st_dq.delta_in_dq and not fused_dq
-  delta = -dlsep if delta_in_dq else _delta(dop, outp, dlsep, bq, interpret)
+  delta = -dlsep if delta_in_dq else _delta(dop, outp, dlsep, st_dq.block_q, interpret)
   lse2 = jnp.where(jnp.isneginf(lsep), jnp.inf, lsep * kernels.LOG2E)   # empty rows: P = 0
   rows = jnp.stack([lse2, delta], axis=2)                                # [B, N, 2, T]
   base = [qp, kp, vp, dop, rows]
@@ -307,8 +310,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
               else jnp.clip(kv_lengths.astype(jnp.int32), 0, s))
     common = dict(spec=st_dq.spec, seq_q=t, seq_k=s, batch=b, kv_lengths=kv_len,
                   q_segment_ids=q_seg, kv_segment_ids=kv_seg)
-    r_dq = masks.kv_block_ranges(block_q=kernels.COMPUTE_WGS * bq, block_k=dq_bkv, **common)
-    r_dq = jnp.pad(r_dq, ((0, 0), (0, tq // (kernels.COMPUTE_WGS * bq) - r_dq.shape[1]), (0, 0)))
+    r_dq = masks.kv_block_ranges(block_q=dq_rows, block_k=dq_bkv, **common)
+    r_dq = jnp.pad(r_dq, ((0, 0), (0, tq // dq_rows - r_dq.shape[1]), (0, 0)))
     kv_tile = bkv if split else kernels.COMPUTE_WGS * bkv      # keys of a dK/dV CTA
     r_kv = masks.q_block_ranges(
         masks.kv_block_ranges(block_q=bq, block_k=kv_tile, **common),
@@ -358,14 +361,14 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   else:
     dkdv_kernel = functools.partial(backward.dkdv_kernel, **dkdv_kw)
   if not fused_dq:
-    dq_grid = tuple(_grid(n, tq // (kernels.COMPUTE_WGS * bq), b, seq="q_seq",
+    dq_grid = tuple(_grid(n, tq // dq_rows, b, seq="q_seq",
                           seq_major=seq_major).values())
     dq_kw = dict(st=st_dq, has_meta=has_meta)
     dq_persist = (persistent and not (has_meta or st_dq.defer_wait)
                   and st_dq.v_ring == st_dq.num_stages
                   and dq_smem_bytes(st=st_dq, head_dim=hp, persistent=True) <= SMEM_LIMIT_BYTES)
     if dq_persist:
-      tiles = (n, tq // (kernels.COMPUTE_WGS * bq), b)
+      tiles = (n, tq // dq_rows, b)
       dq_kw.update(num_ctas=min(_num_sms(interpret), math.prod(tiles)), grid_tiles=tiles)
       dq_grid = ((dq_kw["num_ctas"],), ("cta",))
     dq_out = [jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype)]

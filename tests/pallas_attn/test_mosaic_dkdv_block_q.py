@@ -1,0 +1,58 @@
+"""``Config.bwd_dkdv_block_q``: the dK/dV kernel's queries per step apart from the dQ kernel's.
+
+With it the two backward kernels tile T differently (dQ: 2 x ``bwd_block_q`` rows a CTA; dK/dV:
+``bwd_dkdv_block_q`` queries a step), so T is padded to both, and the dQ kernel's grid, its
+mask metadata and the D pre-pass keep the dQ kernel's rows. Checked here: the statics, then
+the gradients against the reference under the ratio rule in interpret mode (T off both tiles,
+causal with segments and kv_lengths, window with softcap, GQA, lse's cotangent), and compiled.
+"""
+import jax
+import jax.numpy as jnp
+import pytest
+
+import harness as H
+from pallas_attn.mosaic import Config, ops
+
+
+def _statics(t, **fields):
+  q = jnp.zeros((1, t, 2, 64), jnp.bfloat16)
+  return ops._backward_statics(q, q, None, None, causal=True, scale=1.0, window=None,
+                               softcap=None, cfg=Config(**fields), interpret=True)
+
+
+def test_tiles_and_padding():
+  st_dq, st_dkdv = _statics(200, bwd_dkdv_block_q=128)
+  assert (st_dq.block_q, st_dkdv.block_q) == (64, 128)
+  assert st_dkdv.num_kv_blocks * st_dkdv.block_q == 256     # T = 200 padded to 128 and 2 x 64
+  st_dq, st_dkdv = _statics(200, bwd_block_q=128, bwd_dkdv_block_q=64)
+  assert (st_dq.block_q, st_dkdv.block_q) == (128, 64)
+  assert st_dkdv.num_kv_blocks * st_dkdv.block_q == 256
+  st_dq, st_dkdv = _statics(200)                             # 0: the dQ kernel's rows
+  assert (st_dq.block_q, st_dkdv.block_q, st_dkdv.num_kv_blocks) == (64, 64, 4)
+
+
+def test_bad_value_raises():
+  with pytest.raises(ValueError, match="bwd_dkdv_block_q"):
+    Config(bwd_dkdv_block_q=96)
+
+
+CASES = [
+    H.Case(t=200, s=130, n=4, kh=2, h=64, causal=True, segments=2, kv_lengths=(130, 57),
+           seed=811),
+    H.Case(t=100, s=200, n=2, kh=1, h=128, window=(30, 5), softcap=20.0, seed=812),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_matches_reference_in_interpret_mode(case):
+  H.check_mosaic_default_with(case, bwd_dkdv_block_q=128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES + [
+    H.Case(t=1024, s=1024, n=4, kh=4, h=64, seed=813),
+    H.Case(t=1000, s=1024, n=4, kh=2, h=64, causal=True, seed=814)], ids=lambda c: c.id)
+def test_matches_reference_compiled(case):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  H.check_mosaic_default_with(case, bwd_dkdv_block_q=128)
