@@ -1,19 +1,28 @@
-# Next session, call 2 (written in session 31; ~5 minutes): `Config.bwd_dkdv_block_q=128` at
-# H = 64 (the dK/dV kernel's 64-query steps are four 64x64x64 wgmmas a consumer; the kernel
-# runs at ~560 TFLOP/s there against ~740 at H = 128, H100 session 31). ptxas offline, unmasked:
-# 0 B spilled without early stats (232 or 240 registers), 16 B with "lse" at 240; causal
-# 350-480 B, so unmasked rows only. Both timing orders, cuDNN in the same process; then the
-# compiled tests of the new field (ratio rule against the reference).
+# Next session, call 2 (written in session 31; ~7 minutes): H = 64 backward step sizes.
+# `bwd_dkdv_block_q=128` (the dK/dV kernel's 64-query steps are four 64x64x64 wgmmas a consumer;
+# it runs at ~560 TFLOP/s there against ~740 at H = 128, H100 session 31) and
+# `bwd_dq_block_kv=128` (the dQ kernel's 64-key steps likewise; -1.5..-2.6% at H = 128 in
+# session 5, never timed at H = 64). ptxas offline (1x4096x2x64), spill stores: dK/dV q128 0 B
+# without early stats, 16 B with "lse" at 240 registers, causal 350-480 B (unmasked rows only);
+# dQ 128-key steps 0 B unmasked, causal 76 B at 232 and 0 B at 240. Plus, at H = 128, the
+# self-fed dK/dV kernel with "lse" early (`sfl`; 236 registers, 0 B: session 31 timed self-fed
+# alone and with "lse+delta", not this). Both timing orders, cuDNN in the same process; then the
+# compiled tests of the new field.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
+bd() { timeout -k 5 "$1" python3 benchmarks/bwd_breakdown.py --peers cudnn \
+         --budget-s "$(( $1 - 15 ))" "${@:2}" 2>&1 | grep -i " ms\|rror" | cut -c1-110; }
 for order in first last; do
   extra=(); [ "$order" = last ] && extra=(--ours-last)
-  timeout -k 5 150 python3 benchmarks/bwd_breakdown.py --out "$OUT/h64_$order" \
-      --rows 4x4096x32x64 --causal 0 --peers cudnn --budget-s 135 "${extra[@]}" \
+  bd 110 --out "$OUT/h64full_$order" --rows 4x4096x32x64 --causal 0 "${extra[@]}" \
       --variant "q128:bwd_dkdv_block_q=128,bwd_early_stats=" \
-      --variant "q128r:bwd_dkdv_block_q=128,bwd_early_stats=,bwd_registers=240" \
-      --variant "q128l:bwd_dkdv_block_q=128,bwd_early_stats=lse,bwd_registers=240" 2>&1 \
-      | grep -i " ms\|rror" | sed "s/^/$order /" | cut -c1-110
+      --variant "q128l:bwd_dkdv_block_q=128,bwd_early_stats=lse,bwd_registers=240" \
+      --variant "dq128:bwd_dq_block_kv=128" \
+      --variant "both:bwd_dkdv_block_q=128,bwd_early_stats=lse,bwd_registers=240,bwd_dq_block_kv=128"
+  bd 70 --out "$OUT/h64causal_$order" --rows 4x4096x32x64 --causal 1 "${extra[@]}" \
+      --variant "dq128r:bwd_dq_block_kv=128,bwd_registers=240" --variant "r240:bwd_registers=240"
+  bd 60 --out "$OUT/h128_$order" --rows 4x4096x16x128 --causal 0 "${extra[@]}" \
+      --variant "sfl:bwd_self_fed=True"
 done
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 150 python3 -m pytest -q -m gpu -n 4 \
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 100 python3 -m pytest -q -m gpu -n 4 \
     -p no:cacheprovider -rfE tests/pallas_attn/test_mosaic_dkdv_block_q.py 2>&1 | tail -3
