@@ -127,9 +127,12 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
   if st_dkdv.dq_writer and not fused:      # the two kernels after all
     st_dq, st_dkdv = (dataclasses.replace(x, dq_writer=False) for x in (st_dq, st_dkdv))
   dkdv_smem = backward_smem_bytes(st=st_dkdv, head_dim=head_dim_padded, fused_dq=fused)
-  # Head dims over 128: one consumer cannot hold both of its keys' dK and dV accumulators, nor
-  # do they fit in shared memory; the consumers then split dK / dV by role (backward_split.py).
-  split = (cfg.bwd_split_dkdv and not fused and dkdv_smem > SMEM_LIMIT_BYTES
+  # Head dims over 128: one consumer cannot hold both of its keys' dK and dV accumulators (at
+  # 192, where the tiles do fit in shared memory, ptxas spilled ~500 B and serialised the
+  # wgmmas, C7512), nor at 256 do they fit in shared memory; the consumers then split dK / dV
+  # by role (backward_split.py).
+  split = (cfg.bwd_split_dkdv and not fused
+           and (dkdv_smem > SMEM_LIMIT_BYTES or head_dim_padded > 128)
            and split_smem_bytes(st=st_dkdv, head_dim=head_dim_padded) <= SMEM_LIMIT_BYTES)
   if split:
     dkdv_smem = split_smem_bytes(st=st_dkdv, head_dim=head_dim_padded)
@@ -260,8 +263,13 @@ def dq_compiler_params(st: kernels.Statics) -> dict:
 
 def _delta(do, out, dlse, block: int, interpret):
   """D = rowsum(dO * O) - dlse [B, N, T] by a Pallas kernel: a fixed reduction order, so vmap
-  and batch shape never change the bits (see triton.kernels.delta_kernel)."""
+  and batch shape never change the bits (see triton.kernels.delta_kernel). Triton's blocks
+  must be powers of two: head dim 192 is zero-padded to 256 here (zeros add nothing)."""
   b, t, n, h = out.shape
+  if h & (h - 1):
+    width = 1 << (h - 1).bit_length()
+    do, out = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - h))) for x in (do, out))
+    h = width
   tile = pl.BlockSpec((None, block, None, h), lambda i, bb, nn: (bb, i, nn, 0))
   row = pl.BlockSpec((None, None, block), lambda i, bb, nn: (bb, nn, i))
   return pl.pallas_call(
