@@ -8,7 +8,8 @@
 # self-fed dK/dV kernel with "lse" early (`sfl`; 236 registers, 0 B: session 31 timed self-fed
 # alone and with "lse+delta", not this), and the non-deterministic fused dQ (`bwd_dq_lag`, the
 # fastest backward of session 15 on this row, not timed since the defaults moved; ptxas: 124 B
-# spilled, 140 with "lse"). Both timing orders, cuDNN in the same process. (The new field's
+# spilled, 140 with "lse"), and D read before dV's wgmma is issued (`de`: "lse+delta_early";
+# with "lse+delta" ptxas put D's loads between dV's register-operand wgmmas). Both timing orders, cuDNN in the same process. (The new field's
 # compiled tests run in call 3, the whole mosaic suite.)
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -16,15 +17,16 @@ bd() { timeout -k 5 "$1" python3 benchmarks/bwd_breakdown.py --peers cudnn \
          --budget-s "$(( $1 - 15 ))" "${@:2}" 2>&1 | grep -i " ms\|rror" | cut -c1-110; }
 for order in first last; do
   extra=(); [ "$order" = last ] && extra=(--ours-last)
-  bd 110 --out "$OUT/h64full_$order" --rows 4x4096x32x64 --causal 0 "${extra[@]}" \
+  bd 120 --out "$OUT/h64full_$order" --rows 4x4096x32x64 --causal 0 "${extra[@]}" \
       --variant "q128:bwd_dkdv_block_q=128,bwd_early_stats=" \
       --variant "q128l:bwd_dkdv_block_q=128,bwd_early_stats=lse,bwd_registers=240" \
       --variant "dq128:bwd_dq_block_kv=128" \
-      --variant "both:bwd_dkdv_block_q=128,bwd_early_stats=lse,bwd_registers=240,bwd_dq_block_kv=128"
+      --variant "both:bwd_dkdv_block_q=128,bwd_early_stats=lse,bwd_registers=240,bwd_dq_block_kv=128" \
+      --variant "de:bwd_early_stats=lse+delta_early"
   bd 70 --out "$OUT/h64causal_$order" --rows 4x4096x32x64 --causal 1 "${extra[@]}" \
       --variant "dq128r:bwd_dq_block_kv=128,bwd_registers=240" --variant "r240:bwd_registers=240"
   bd 90 --out "$OUT/h128_$order" --rows 4x4096x16x128 --causal 0 "${extra[@]}" \
       --variant "sfl:bwd_self_fed=True" \
       --variant "lag:bwd_dq_lag=True,named_free=True,bwd_registers=240" \
-      --variant "lag0:bwd_dq_lag=True,named_free=True,bwd_registers=240,bwd_early_stats="
+      --variant "de:bwd_early_stats=lse+delta_early"
 done

@@ -353,6 +353,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
           refill(step_no)             # (self-fed) after this consumer's own release of s - 1
         pt, gt = probs_t(s, i, slot, masked, lse)
+        # "lse+delta_early": D read before dV's wgmma is issued. Read after it, ptxas put the
+        # loads between dV's register-operand wgmmas (offline SASS, H = 128, session 31).
+        delta = row_stat(slot, 1) if early == "lse+delta_early" else None
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
           # a register operand they stay live until this wgmma retires, across the dS^T maths
@@ -364,7 +367,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         else:
           plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
-        delta = row_stat(slot, 1) if "delta" in early else None
+        if delta is None and "delta" in early:
+          delta = row_stat(slot, 1)
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
         return grad_logits_t(gt, dpt, slot, delta)
       acc = plgpu.ACC(shape, jnp.float32)

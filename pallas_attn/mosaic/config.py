@@ -271,7 +271,11 @@ class Config:
       live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
       split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
       mode ignores it. Default: "lse" on the unmasked H = 128 grid kernel, "lse+delta" elsewhere
-      (``default_config``).
+      (``default_config``). "lse+delta_early" reads D before dV's wgmma is issued instead of
+      after: with "lse+delta" ptxas (offline SASS, H = 128 grid kernel) put D's loads between
+      dV's register-operand wgmmas, and that kernel was 10% slower than with "lse" alone
+      (H100, session 31), where the persistent one was 4% faster. Untimed; the split kernel
+      (H > 128) treats it as "lse+delta".
     bwd_self_fed: the grid dK/dV kernel is launched with its two consumer warpgroups only, and
       consumer 0 fills the Q / dO / stats ring itself (``backward.dkdv_kernel``): without the
       producer's share of the register file, ptxas may give each consumer thread up to 255
@@ -363,9 +367,9 @@ class Config:
     if self.q_regs_cols < 0 or self.q_regs_cols % 64:
       raise ValueError("Config.q_regs_cols must be a non-negative multiple of 64, got "
                        f"{self.q_regs_cols!r}")
-    if self.bwd_early_stats not in ("", "lse", "lse+delta"):
-      raise ValueError("Config.bwd_early_stats must be '', 'lse' or 'lse+delta', got "
-                       f"{self.bwd_early_stats!r}")
+    if self.bwd_early_stats not in ("", "lse", "lse+delta", "lse+delta_early"):
+      raise ValueError("Config.bwd_early_stats must be '', 'lse', 'lse+delta' or "
+                       f"'lse+delta_early', got {self.bwd_early_stats!r}")
     if self.bwd_dkdv_regs not in ("", "k", "v", "kv"):
       raise ValueError("Config.bwd_dkdv_regs must be '', 'k', 'v' or 'kv', got "
                        f"{self.bwd_dkdv_regs!r}")
