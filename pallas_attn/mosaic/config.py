@@ -494,9 +494,10 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # A step's lse and D read while S^T / dP^T run (bwd_early_stats; H100, session 31, both
   # timing orders, gradients bitwise the same): the dK/dV kernel with "lse+delta" 11.5% / 16%
   # faster at 4x4096x32x64 full / causal, 11% / 10% at 4x4096x8x256, 5% at 16x1024x16x128 full
-  # (persistent), 1% at 4x4096x16x128 causal. On the unmasked H = 128 grid kernel (240
-  # registers, where D's 16 more registers raise its spills) "lse" alone: 4x4096 full 1.620 ->
-  # 1.496 ms, against 1.650 with both.
+  # (persistent), 1% at 4x4096x16x128 causal. On the unmasked H = 128 grid kernel "lse"
+  # alone: 4x4096 full 1.620 -> 1.496 ms, against 1.650 with both (there ptxas put D's loads
+  # between dV's register-operand wgmmas; its spill traffic stays outside the step loop with
+  # either: offline SASS, see "lse+delta_early").
   early_stats = "lse" if hp == 128 and not masked and not bwd_persistent else "lse+delta"
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
