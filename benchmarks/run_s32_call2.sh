@@ -11,10 +11,22 @@
 # spilled, 140 with "lse"), and D read before dV's wgmma is issued (`de`: "lse+delta_early";
 # with "lse+delta" ptxas put D's loads between dV's register-operand wgmmas). Both timing orders, cuDNN in the same process. (The new field's
 # compiled tests run in call 3, the whole mosaic suite.)
+#   part b (~5 minutes): "lse+delta_early" on the masked H = 128 rows too (their grid dK/dV
+#   kernel at 240 registers reads D early with "lse+delta", the default there, and measured
+#   only -1% against the late reads at 4x4096 causal), both orders.
+part=${1:-a}
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
 bd() { timeout -k 5 "$1" python3 benchmarks/bwd_breakdown.py --peers cudnn \
          --budget-s "$(( $1 - 15 ))" "${@:2}" 2>&1 | grep -i " ms\|rror" | cut -c1-110; }
+if [ "$part" = b ]; then
+  for order in first last; do
+    extra=(); [ "$order" = last ] && extra=(--ours-last)
+    bd 250 --out "$OUT/h128causal_$order" --rows 4x4096x16x128,1x16384x16x128 --causal 1 \
+        "${extra[@]}" --variant "de:bwd_early_stats=lse+delta_early" | sed "s/^/$order /"
+  done
+  exit 0
+fi
 for order in first last; do
   extra=(); [ "$order" = last ] && extra=(--ours-last)
   bd 120 --out "$OUT/h64full_$order" --rows 4x4096x32x64 --causal 0 "${extra[@]}" \
