@@ -90,7 +90,8 @@ def plot(payload: dict, path: str) -> None:
   ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
   ax.invert_yaxis()
   ax.set_xlabel("ms (CUPTI, median per kernel)")
-  ax.set_title("forward + backward, per kernel (H200, bf16)")
+  device = payload.get("meta", {}).get("device_kind", "device unknown")   # the run's own card
+  ax.set_title(f"forward + backward, per kernel ({device}, bf16)")
   ax.legend(fontsize=8, loc="lower right")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
