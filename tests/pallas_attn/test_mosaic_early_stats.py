@@ -106,7 +106,7 @@ def test_early_stats_gradients_bitwise_compiled(h, causal):
                                         config=cfg).astype(jnp.float32).sum()
     return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
   ref_val, ref_grads = run(base)
-  for mode in ("lse", "lse+delta"):
+  for mode in ("lse", "lse+delta", "lse+delta_early"):
     val, grads = run(dataclasses.replace(base, bwd_early_stats=mode))
     np.testing.assert_array_equal(np.asarray(val), np.asarray(ref_val))
     for g, g0 in zip(grads, ref_grads):
