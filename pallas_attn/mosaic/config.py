@@ -492,9 +492,9 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   bwd_persistent = not masked and seq_k <= PERSISTENT_BWD_KEYS
   registers = 240 if wide or (hp == 128 and not bwd_persistent) else 232
   # A step's lse and D read while S^T / dP^T run (bwd_early_stats; H100, session 31, both
-  # timing orders, gradients bitwise the same): the dK/dV kernel with "lse+delta" 11.5% / 16%
-  # faster at 4x4096x32x64 full / causal, 11% / 10% at 4x4096x8x256, 5% at 16x1024x16x128 full
-  # (persistent), 1% at 4x4096x16x128 causal. On the unmasked H = 128 grid kernel "lse"
+  # timing orders at H = 128, one at H = 64 / 256; gradients bitwise the same): the dK/dV
+  # kernel with "lse+delta" 11.5% / 16% faster at 4x4096x32x64 full / causal, 11% / 10% at
+  # 4x4096x8x256, 5% at 16x1024x16x128 full (persistent), 1% at 4x4096x16x128 causal. On the unmasked H = 128 grid kernel "lse"
   # alone: 4x4096 full 1.620 -> 1.496 ms, against 1.650 with both (there ptxas put D's loads
   # between dV's register-operand wgmmas; its spill traffic stays outside the step loop with
   # either: offline SASS, see "lse+delta_early").
