@@ -40,6 +40,7 @@ CASES = [
     H.Case(t=200, s=130, n=4, kh=2, h=64, causal=True, segments=2, kv_lengths=(130, 57),
            seed=811),
     H.Case(t=100, s=200, n=2, kh=1, h=128, window=(30, 5), softcap=20.0, seed=812),
+    H.Case(t=200, s=130, n=4, kh=2, h=64, seed=815),     # unmasked: the persistent dK/dV kernel
 ]
 
 
