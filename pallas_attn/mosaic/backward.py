@@ -420,9 +420,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   @pl.when(wg < COMPUTE_WGS)
   def _consumer():
-    if not self_fed:            # (self-fed: two warpgroups, ptxas's own allocation, <= 255)
+    if not self_fed:
       plgpu.set_max_registers(st.consumer_registers, action="increase")
-    if self_fed:
+    else:                       # two warpgroups, ptxas's own allocation (<= 255); fill the ring
       @pl.when(wg == 0)
       def _prologue():
         @pl.loop(0, jnp.minimum(tile_steps, stages))
