@@ -37,11 +37,13 @@ class Config:
       kernel runs at ~560 TFLOP/s there against ~740 at H = 128 (H100, session 31). 128
       queries a step halves them; ptxas (offline) spills nothing at H = 64 without
       ``bwd_early_stats`` and 16 B with "lse" at 240 registers, where the dQ kernel with
-      128-row blocks would spill and serialise its wgmmas (C7512). 0 until timed.
+      128-row blocks would spill and serialise its wgmmas (C7512). 128 by default on the
+      unmasked H = 64 grid backward (default_config; 12% faster dK/dV, H100 session 32).
     bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
-      take 128 where the dK/dV kernel, with two, cannot).
+      take 128 where the dK/dV kernel, with two, cannot). 128 by default where
+      ``bwd_dkdv_block_q`` is (the dQ kernel 6% faster at 4x4096x32x64, H100 session 32).
     bwd_fused_dq: dQ from the dK/dV kernel (FA3 Section 3.3) instead of a separate dQ kernel
       that recomputes S and dP: 5 matmuls per block instead of 7, paid for with a float32 dQ
       partial per (Q block, K/V tile) added into a global accumulator by TMA reductions.
@@ -408,8 +410,12 @@ PERSISTENT_BWD_KEYS = 1024     # default_config: persistent backward kernels up 
 LONG_ROW_THREE_CONSUMERS = 16384
 
 
-def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config:
+def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
+                   key_masks: bool = False) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
+
+  ``key_masks``: the call carries segment ids or ``kv_lengths`` (their per-key compares cost
+  registers, which one backward choice below cannot spare).
 
   ``masked``: a causal / windowed call. Without such a mask the persistent launch made rows
   0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
@@ -494,11 +500,24 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
   # A step's lse and D read while S^T / dP^T run (bwd_early_stats; H100, session 31, both
   # timing orders at H = 128, one at H = 64 / 256; gradients bitwise the same): the dK/dV
   # kernel with "lse+delta" 11.5% / 16% faster at 4x4096x32x64 full / causal, 11% / 10% at
-  # 4x4096x8x256, 5% at 16x1024x16x128 full (persistent), 1% at 4x4096x16x128 causal. On the unmasked H = 128 grid kernel "lse"
-  # alone: 4x4096 full 1.620 -> 1.496 ms, against 1.650 with both (there ptxas put D's loads
-  # between dV's register-operand wgmmas; its spill traffic stays outside the step loop with
-  # either: offline SASS, see "lse+delta_early").
+  # 4x4096x8x256, 5% at 16x1024x16x128 full (persistent), 1% at 4x4096x16x128 causal. On
+  # the unmasked H = 128 grid kernel "lse" alone: 4x4096 full 1.620 -> 1.496 ms, against
+  # 1.650 with both (there ptxas put D's loads between dV's register-operand wgmmas; its spill
+  # traffic stays outside the step loop with either: offline SASS, see "lse+delta_early";
+  # reading D before dV's wgmmas, "lse+delta_early", measured no better: session 32).
   early_stats = "lse" if hp == 128 and not masked and not bwd_persistent else "lse+delta"
+  # Unmasked H = 64 grid backward: 128 queries a dK/dV step (bwd_dkdv_block_q; halves the
+  # step's fixed costs, see Config) without early stats, and 128 keys a dQ step (H100,
+  # session 32, both timing orders, cuDNN in the same process; 4x4096x32x64 full): dK/dV
+  # 1.972 -> 1.741-1.754 ms, dQ 1.397 -> 1.304-1.312, fwd+bwd 4.466 -> 4.137-4.163 ms (0.921
+  # -> 0.991-0.995x cuDNN). 128-query steps with "lse+delta" spill and doubled the kernel's
+  # time; with "lse" at 240 registers fwd+bwd was 4% slower than without. Only where no key is
+  # masked: with segment ids, kv_lengths or keys padded to 128 ptxas spills ~100 B in the
+  # dK/dV step at 232 registers (offline, sessions 31-32); causal spills 350-480 B.
+  h64_steps = (hp == 64 and not masked and not bwd_persistent and not key_masks
+               and seq_k % 128 == 0)
+  if h64_steps:
+    early_stats = ""
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
@@ -507,4 +526,6 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False) -> Config
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
-                lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats)
+                lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
+                bwd_dkdv_block_q=128 if h64_steps else 0,
+                bwd_dq_block_kv=128 if h64_steps else 64)

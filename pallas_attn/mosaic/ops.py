@@ -61,7 +61,8 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   if config is None:
     # A winner of autotune.tune for this problem class, else the heuristic.
     cfg = (autotune.lookup(head_dim=h, seq_k=s, causal=causal, dtype=q.dtype)
-           or default_config(head_dim=h, seq_k=s, masked=causal or window is not None))
+           or default_config(head_dim=h, seq_k=s, masked=causal or window is not None,
+                             key_masks=q_segment_ids is not None or kv_lengths is not None))
   elif isinstance(config, Config):
     cfg = config
   else:

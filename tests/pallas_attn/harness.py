@@ -363,7 +363,8 @@ def runner(case: Case, *, implementation: str | None, jit: bool = True,
     from pallas_attn.mosaic import config as mosaic_config  # pylint: disable=import-outside-toplevel
     extra["config"] = dataclasses.replace(
         mosaic_config.default_config(head_dim=case.h, seq_k=case.s,
-                                     masked=case.causal or case.window is not None),
+                                     masked=case.causal or case.window is not None,
+                                     key_masks=bool(case.segments) or case.kv_lengths is not None),
         backward="mosaic")
   fn = functools.partial(flash_attention, implementation=implementation,
                          return_lse=case.return_lse, **_static_kwargs(case), **extra)
@@ -539,8 +540,9 @@ def check_mosaic_default_with(case: Case, **fields) -> dict:
   case is causal or windowed) changed by ``fields``: the compiled tests of one Config field."""
   from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
   masked = case.causal or case.window is not None
-  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked),
-                            **fields)
+  key_masks = bool(case.segments) or case.kv_lengths is not None
+  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked,
+                                           key_masks=key_masks), **fields)
   return check_case(case, "mosaic", config=cfg)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import harness as H
-from pallas_attn.mosaic import Config, ops
+from pallas_attn.mosaic import Config, default_config, ops
 
 
 def _statics(t, **fields):
@@ -36,6 +36,19 @@ def test_bad_value_raises():
     Config(bwd_dkdv_block_q=96)
 
 
+@pytest.mark.parametrize("seq_k,masked,key_masks,want", [
+    (4096, False, False, (128, 128, "")),          # H100 session 32: fwd+bwd 0.92 -> 0.99x cuDNN
+    (16384, False, False, (128, 128, "")),
+    (4096, True, False, (0, 64, "lse+delta")),     # causal: 350-480 B spilled (offline)
+    (4096, False, True, (0, 64, "lse+delta")),     # segments / kv_lengths: ~100 B spilled
+    (4000, False, False, (0, 64, "lse+delta")),    # keys padded to 128: masked, as kv_lengths
+    (1024, False, False, (0, 64, "lse+delta"))])   # the persistent dK/dV kernel
+def test_default_config_h64_steps(seq_k, masked, key_masks, want):
+  cfg = default_config(head_dim=64, seq_k=seq_k, masked=masked, key_masks=key_masks)
+  assert (cfg.bwd_dkdv_block_q, cfg.bwd_dq_block_kv, cfg.bwd_early_stats) == want
+  assert default_config(head_dim=128, seq_k=seq_k, masked=masked).bwd_dkdv_block_q == 0
+
+
 CASES = [
     H.Case(t=200, s=130, n=4, kh=2, h=64, causal=True, segments=2, kv_lengths=(130, 57),
            seed=811),
@@ -47,6 +60,26 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_matches_reference_in_interpret_mode(case):
   H.check_mosaic_default_with(case, bwd_dkdv_block_q=128)
+
+
+def test_with_128_key_dq_steps_in_interpret_mode():
+  # The unmasked H = 64 default's pair (both kernels' steps 128 wide); interpret mode ignores
+  # bwd_early_stats. T = 200 pads to 256 queries, S = 300 to 384 keys.
+  case = H.Case(t=200, s=300, n=4, kh=2, h=64, seed=817)
+  H.check_mosaic_default_with(case, bwd_dkdv_block_q=128, bwd_dq_block_kv=128,
+                              bwd_early_stats="", bwd_persistent=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    H.Case(t=2048, s=2048, n=4, kh=2, h=64, seed=818),
+    H.Case(t=1000, s=1536, n=4, kh=1, h=64, softcap=30.0, seed=819)], ids=lambda c: c.id)
+def test_h64_default_compiled(case):
+  """Compiled, the unmasked H = 64 default (128-query dK/dV and 128-key dQ steps) itself."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  assert default_config(head_dim=64, seq_k=case.s).bwd_dkdv_block_q == 128
+  H.check_mosaic_default_with(case)
 
 
 @pytest.mark.gpu
