@@ -65,6 +65,9 @@ class Config:
       Compute (session 9): at 232 the dK/dV consumer spills ~12 registers per step.
       ``default_config`` takes 240 at H > 128 and on the H = 128 grid kernels (session 29:
       dK/dV 0.6-3% faster in both timing orders), 232 on the persistent ones and at H = 64.
+    bwd_dq_registers: the dQ kernel's consumer registers when they should differ from
+      ``bwd_registers`` (0: the same). The causal H = 64 dQ kernel with 128-key steps spills
+      76 B at 232 (ptxas, offline) and none at 240, where the dK/dV kernel is 1-2% slower.
     bwd_pt_smem: compiled dK/dV kernel: dV += P^T dO takes P^T from shared memory (one 8 KiB
       store per step and consumer) instead of registers, so its 16 registers a thread are free
       while dS^T is formed (as a register operand they live until that wgmma retires). H200
@@ -318,6 +321,7 @@ class Config:
   bwd_fused_dq: bool = False
   bwd_defer_wait: bool = False
   bwd_registers: int = 232
+  bwd_dq_registers: int = 0
   bwd_pt_smem: bool = False
   bwd_dq_writer: bool = False
   bwd_dq_lag: bool = False
@@ -377,6 +381,9 @@ class Config:
                        f"{self.bwd_dkdv_regs!r}")
     if self.bwd_registers not in (224, 232, 240):
       raise ValueError(f"Config.bwd_registers must be 224, 232 or 240, got {self.bwd_registers!r}")
+    if self.bwd_dq_registers not in (0, 224, 232, 240):
+      raise ValueError("Config.bwd_dq_registers must be 0 (bwd_registers), 224, 232 or 240, "
+                       f"got {self.bwd_dq_registers!r}")
     if not 0.0 <= self.lazy_rescale <= 100.0:
       raise ValueError("Config.lazy_rescale must be in [0, 100] (log2 units; 0 = off), got "
                        f"{self.lazy_rescale!r}")
@@ -411,11 +418,12 @@ LONG_ROW_THREE_CONSUMERS = 16384
 
 
 def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
-                   key_masks: bool = False) -> Config:
+                   key_masks: bool = False, windowed: bool = False) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
 
-  ``key_masks``: the call carries segment ids or ``kv_lengths`` (their per-key compares cost
-  registers, which one backward choice below cannot spare).
+  ``key_masks``: the call carries segment ids or ``kv_lengths``; ``windowed``: it has a window
+  (and is then ``masked`` too). Their compares cost registers that the H = 64 backward's
+  128-wide steps below cannot spare.
 
   ``masked``: a causal / windowed call. Without such a mask the persistent launch made rows
   0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
@@ -518,6 +526,13 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                and seq_k % 128 == 0)
   if h64_steps:
     early_stats = ""
+  # Causal H = 64 (no window, no key masks): the dQ kernel's 128-key steps at 240 registers
+  # (bwd_dq_registers; the dK/dV kernel keeps 232, where it was 1-2% faster): the dQ kernel
+  # 0.832 / 0.835 -> 0.790 / 0.797 ms at 4x4096x32x64 causal (H100, session 32, both timing
+  # orders). ptxas (offline): 76 B spilled at 232, 0 at 240; with a window 208 B, with
+  # segment ids and kv_lengths 344 B.
+  h64_causal_dq = (hp == 64 and masked and not windowed and not key_masks
+                   and seq_k > PERSISTENT_BWD_KEYS)
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
@@ -528,4 +543,5 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
                 bwd_dkdv_block_q=128 if h64_steps else 0,
-                bwd_dq_block_kv=128 if h64_steps else 64)
+                bwd_dq_block_kv=128 if h64_steps or h64_causal_dq else 64,
+                bwd_dq_registers=240 if h64_causal_dq else 0)

@@ -62,7 +62,8 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
     # A winner of autotune.tune for this problem class, else the heuristic.
     cfg = (autotune.lookup(head_dim=h, seq_k=s, causal=causal, dtype=q.dtype)
            or default_config(head_dim=h, seq_k=s, masked=causal or window is not None,
-                             key_masks=q_segment_ids is not None or kv_lengths is not None))
+                             key_masks=q_segment_ids is not None or kv_lengths is not None,
+                             windowed=window is not None))
   elif isinstance(config, Config):
     cfg = config
   else:
@@ -221,10 +222,11 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
   # (32-key steps with two stages would fit too, but Mosaic's layout inference rejects the dQ
   # kernel's 32-key tiles in JAX 0.11.2.)
   rings = [(s, v) for s in range(stages, 0, -1) for v in (s, s - 1) if v >= 1]
+  dq_common = dict(common, consumer_registers=cfg.bwd_dq_registers or cfg.bwd_registers)
   for k_stages, v_stages in rings:
     st_dq = kernels.Statics(block_q=bq, block_kv=dq_bkv, num_kv_blocks=tk // dq_bkv,
                             num_stages=k_stages, v_stages=0 if v_stages == k_stages else v_stages,
-                            **common)
+                            **dq_common)
     if dq_smem_bytes(st=st_dq, head_dim=hp) <= SMEM_LIMIT_BYTES:
       break
   # ``bwd_delta_in_dq``: only where O's buffer fits next to the rings just chosen.

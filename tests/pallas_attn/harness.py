@@ -364,7 +364,8 @@ def runner(case: Case, *, implementation: str | None, jit: bool = True,
     extra["config"] = dataclasses.replace(
         mosaic_config.default_config(head_dim=case.h, seq_k=case.s,
                                      masked=case.causal or case.window is not None,
-                                     key_masks=bool(case.segments) or case.kv_lengths is not None),
+                                     key_masks=bool(case.segments) or case.kv_lengths is not None,
+                                     windowed=case.window is not None),
         backward="mosaic")
   fn = functools.partial(flash_attention, implementation=implementation,
                          return_lse=case.return_lse, **_static_kwargs(case), **extra)
@@ -542,7 +543,8 @@ def check_mosaic_default_with(case: Case, **fields) -> dict:
   masked = case.causal or case.window is not None
   key_masks = bool(case.segments) or case.kv_lengths is not None
   cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked,
-                                           key_masks=key_masks), **fields)
+                                           key_masks=key_masks,
+                                           windowed=case.window is not None), **fields)
   return check_case(case, "mosaic", config=cfg)
 
 

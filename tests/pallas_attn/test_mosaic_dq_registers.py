@@ -1,0 +1,61 @@
+"""``Config.bwd_dq_registers``: the dQ kernel's consumer registers apart from the dK/dV kernel's,
+and the causal H = 64 default that uses it (128-key dQ steps at 240 registers).
+
+Checked here: the statics each kernel gets, the field's validation, which calls take the
+default (not windowed or key-masked ones, where ptxas spills), and compiled gradients against
+the reference."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+import harness as H
+from pallas_attn.mosaic import Config, default_config, ops
+
+
+def _statics(cfg, *, causal=True, window=None):
+  q = jnp.zeros((1, 2048, 2, 64), jnp.bfloat16)
+  return ops._backward_statics(q, q, None, None, causal=causal, scale=1.0, window=window,
+                               softcap=None, cfg=cfg, interpret=False)
+
+
+def test_each_kernel_gets_its_registers():
+  st_dq, st_dkdv = _statics(Config(bwd_registers=232, bwd_dq_registers=240))
+  assert (st_dq.consumer_registers, st_dkdv.consumer_registers) == (240, 232)
+  st_dq, st_dkdv = _statics(Config(bwd_registers=240))            # 0: bwd_registers
+  assert (st_dq.consumer_registers, st_dkdv.consumer_registers) == (240, 240)
+
+
+def test_bad_value_raises():
+  with pytest.raises(ValueError, match="bwd_dq_registers"):
+    Config(bwd_dq_registers=248)
+
+
+@pytest.mark.parametrize("kw,want", [
+    (dict(masked=True), (128, 240)),                       # H100 session 32: dQ kernel -5%
+    (dict(masked=True, windowed=True), (64, 0)),           # dQ 208 B spilled (ptxas offline)
+    (dict(masked=True, key_masks=True), (64, 0)),          # 344 B
+    (dict(masked=False, key_masks=True), (64, 0)),
+    (dict(masked=False), (128, 0))])                       # the unmasked pair, 232 for both
+def test_default_config(kw, want):
+  cfg = default_config(head_dim=64, seq_k=4096, **kw)
+  assert (cfg.bwd_dq_block_kv, cfg.bwd_dq_registers) == want
+  assert default_config(head_dim=64, seq_k=1024, masked=True).bwd_dq_registers == 0
+  assert default_config(head_dim=128, seq_k=4096, masked=True).bwd_dq_registers == 0
+
+
+def test_causal_default_in_interpret_mode():
+  # Interpret mode takes no register counts; this runs the 128-key dQ steps the default picks.
+  case = H.Case(t=200, s=300, n=4, kh=2, h=64, causal=True, seed=821)
+  H.check_mosaic_default_with(case, bwd_dq_block_kv=128, bwd_dq_registers=240)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    H.Case(t=2048, s=2048, n=4, kh=2, h=64, causal=True, seed=822),
+    H.Case(t=1000, s=1536, n=4, kh=1, h=64, causal=True, softcap=30.0, seed=823)],
+    ids=lambda c: c.id)
+def test_causal_default_compiled(case):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  assert default_config(head_dim=64, seq_k=case.s, masked=True).bwd_dq_registers == 240
+  H.check_mosaic_default_with(case)
