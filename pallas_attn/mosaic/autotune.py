@@ -1,7 +1,8 @@
 """Autotuning of the Mosaic GPU forward: try a small Config space on the device, cache the winner.
 
 The cache is a JSON file mapping a problem key (head dim, key-length bucket, causal, dtype) to the
-fastest Config found; ``ops.attention`` reads it when no config is given (``lookup``). Location:
+fastest Config found; ``ops.attention`` reads it when no config is given (``lookup``) and takes
+its forward fields, the backward ones coming from today's heuristic (``with_backward_of``). Location:
 ``$PALLAS_ATTN_TUNE_CACHE`` or ``~/.cache/pallas_attn/mosaic_tune.json``.
 
 Example (on an H200)::
@@ -87,6 +88,22 @@ def lookup(*, head_dim: int, seq_k: int, causal: bool, dtype, path: str | None =
     return Config(**entry["config"])
   except (KeyError, TypeError, ValueError):
     return None
+
+
+def backward_fields() -> tuple[str, ...]:
+  """Config fields that choose the backward: ``backward`` and every ``bwd_*``."""
+  return tuple(f.name for f in dataclasses.fields(Config)
+               if f.name == "backward" or f.name.startswith("bwd_"))
+
+
+def with_backward_of(tuned: Config, base: Config) -> Config:
+  """``tuned``'s forward with ``base``'s backward fields (``backward_fields``).
+
+  ``tune`` times the forward only, so a cached winner's backward fields are just the defaults of
+  the day it ran, for its problem class: ops.attention takes them from today's heuristic for
+  the call at hand (its masks included) instead, so that old caches do not pin an old backward.
+  """
+  return dataclasses.replace(tuned, **{f: getattr(base, f) for f in backward_fields()})
 
 
 def _wall_ms(fn: Callable[[], Any], iterations: int) -> float:
