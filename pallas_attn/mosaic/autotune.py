@@ -2,8 +2,8 @@
 
 The cache is a JSON file mapping a problem key (head dim, key-length bucket, causal, dtype) to the
 fastest Config found; ``ops.attention`` reads it when no config is given (``lookup``) and takes
-its forward fields, the backward ones coming from today's heuristic (``with_backward_of``). Location:
-``$PALLAS_ATTN_TUNE_CACHE`` or ``~/.cache/pallas_attn/mosaic_tune.json``.
+its forward fields, the backward ones coming from today's heuristic (``with_backward_of``).
+Location: ``$PALLAS_ATTN_TUNE_CACHE`` or ``~/.cache/pallas_attn/mosaic_tune.json``.
 
 Example (on an H200)::
 
@@ -66,7 +66,8 @@ def cache_path() -> str:
 def problem_key(*, head_dim: int, seq_k: int, causal: bool, dtype) -> str:
   """Cache key: padded head dim, key length rounded up to a power of two, causal, dtype."""
   bucket = 1 << max(0, (int(seq_k) - 1).bit_length())
-  return f"h{padded_head_dim(head_dim)}-s{bucket}-{'causal' if causal else 'full'}-{jnp.dtype(dtype).name}"
+  mask = "causal" if causal else "full"
+  return f"h{padded_head_dim(head_dim)}-s{bucket}-{mask}-{jnp.dtype(dtype).name}"
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -122,7 +123,8 @@ def tune(*, batch: int, seq_q: int, seq_k: int, heads: int, kv_heads: int, head_
          timer: Callable[[Callable[[], Any], int], float] = _wall_ms) -> Config:
   """Times the forward for every Config of ``space`` and stores the fastest in the cache.
 
-  ``space`` defaults to ``search_space(head_dim, seq_k, causal)``. Configs that the backend declines (NotImplementedError, e.g. over shared memory) or that fail to
+  ``space`` defaults to ``search_space(head_dim, seq_k, causal)``. Configs that the backend
+  declines (NotImplementedError, e.g. over shared memory) or that fail to
   compile are skipped. ``timer(fn, iterations) -> ms`` may be replaced (the tests inject one; a
   profiler-based timer gives kernel time instead of wall clock). Returns the winner.
   Raises ValueError for non-positive sizes or when no Config of ``space`` runs.
