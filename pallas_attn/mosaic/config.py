@@ -42,8 +42,9 @@ class Config:
     bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
-      take 128 where the dK/dV kernel, with two, cannot). 128 by default where
-      ``bwd_dkdv_block_q`` is (the dQ kernel 6% faster at 4x4096x32x64, H100 session 32).
+      take 128 where the dK/dV kernel, with two, cannot). 128 by default at H = 64 over 1024
+      keys without a window or key masks, causal or not (the dQ kernel 4-7% faster at
+      4x4096x32x64, H100 session 32).
     bwd_fused_dq: dQ from the dK/dV kernel (FA3 Section 3.3) instead of a separate dQ kernel
       that recomputes S and dP: 5 matmuls per block instead of 7, paid for with a float32 dQ
       partial per (Q block, K/V tile) added into a global accumulator by TMA reductions.
@@ -421,16 +422,16 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                    key_masks: bool = False, windowed: bool = False) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
 
-  ``key_masks``: the call carries segment ids or ``kv_lengths``; ``windowed``: it has a window
-  (and is then ``masked`` too). Their compares cost registers that the H = 64 backward's
-  128-wide steps below cannot spare.
-
   ``masked``: a causal / windowed call. Without such a mask the persistent launch made rows
   0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
   different lengths leaves SMs idle (5-50% slower), so masked calls take the persistent launch
   only with the dynamic tile counter (``dynamic_schedule``), and only up to 4096 keys (measured
   there: 6-18% faster than one CTA per tile). Only at head dim 128, and for masked calls at
   head dim 64 with 1025-4096 keys (see the comment below).
+
+  ``key_masks``: the call carries segment ids or ``kv_lengths``; ``windowed``: it has a window
+  (and is then ``masked`` too). Their compares cost registers that the H = 64 backward's
+  128-wide steps cannot spare, so those calls keep 64-wide ones.
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block

@@ -360,13 +360,7 @@ def runner(case: Case, *, implementation: str | None, jit: bool = True,
     # The suite pins the Mosaic wgmma backward (the default since session 5) so that a change of
     # default never silently moves these cases to the Triton kernels. Head dims over 128 fall
     # back to the Triton backward either way (shared memory).
-    from pallas_attn.mosaic import config as mosaic_config  # pylint: disable=import-outside-toplevel
-    extra["config"] = dataclasses.replace(
-        mosaic_config.default_config(head_dim=case.h, seq_k=case.s,
-                                     masked=case.causal or case.window is not None,
-                                     key_masks=bool(case.segments) or case.kv_lengths is not None,
-                                     windowed=case.window is not None),
-        backward="mosaic")
+    extra["config"] = dataclasses.replace(mosaic_default_config(case), backward="mosaic")
   fn = functools.partial(flash_attention, implementation=implementation,
                          return_lse=case.return_lse, **_static_kwargs(case), **extra)
   call = functools.partial(_vjp_call, fn, case.return_lse)
@@ -536,15 +530,19 @@ def check_case(case: Case, implementation: str, **extra) -> dict:
   return res
 
 
-def check_mosaic_default_with(case: Case, **fields) -> dict:
-  """``check_case`` on the Mosaic backend with the case's ``default_config`` (masked when the
-  case is causal or windowed) changed by ``fields``: the compiled tests of one Config field."""
+def mosaic_default_config(case: Case):
+  """The Mosaic ``default_config`` that ``ops.attention`` picks for ``case``'s masks."""
   from pallas_attn.mosaic import default_config  # pylint: disable=import-outside-toplevel
-  masked = case.causal or case.window is not None
-  key_masks = bool(case.segments) or case.kv_lengths is not None
-  cfg = dataclasses.replace(default_config(head_dim=case.h, seq_k=case.s, masked=masked,
-                                           key_masks=key_masks,
-                                           windowed=case.window is not None), **fields)
+  return default_config(head_dim=case.h, seq_k=case.s,
+                        masked=case.causal or case.window is not None,
+                        key_masks=bool(case.segments) or case.kv_lengths is not None,
+                        windowed=case.window is not None)
+
+
+def check_mosaic_default_with(case: Case, **fields) -> dict:
+  """``check_case`` on the Mosaic backend with the case's ``default_config`` (as ops picks it
+  for the case's masks) changed by ``fields``: the compiled tests of one Config field."""
+  cfg = dataclasses.replace(mosaic_default_config(case), **fields)
   return check_case(case, "mosaic", config=cfg)
 
 
