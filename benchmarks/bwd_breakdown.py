@@ -106,6 +106,9 @@ def main() -> int:
   ap.add_argument("--variant", action="append", default=[])
   ap.add_argument("--peers", default="cudnn,tokamax")
   ap.add_argument("--budget-s", type=float, default=400.0)
+  ap.add_argument("--kv-len", type=float, default=0.0,
+                  help="key lengths: odd batch rows see this fraction of the keys (kv_lengths; "
+                  "cuDNN's key_value_seq_lengths), even rows all; 0: off")
   ap.add_argument("--ours-last", action="store_true",
                   help="time the variants and peers before the default (a first-timed bias check)")
   ap.add_argument("--replot", default="", help="only draw the plot of an existing JSON (CPU)")
@@ -126,14 +129,24 @@ def main() -> int:
         break
       keys = jax.random.split(jax.random.key(0), 4)
       q, k, v, do = (jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-      base = default_config(head_dim=h, seq_k=t, masked=causal)
-      cfgs = {"ours": base, **{name: dataclasses.replace(base, **f) for name, f in variants.items()}}
+      lens = None
+      if args.kv_len:
+        lens = jnp.array([t if i % 2 == 0 else max(1, round(args.kv_len * t)) for i in range(b)],
+                         jnp.int32)
+      base = default_config(head_dim=h, seq_k=t, masked=causal, key_masks=lens is not None)
+      cfgs = {"ours": base,
+              **{name: dataclasses.replace(base, **f) for name, f in variants.items()}}
       fns = {name: (lambda q, k, v, cfg=cfg: flash_attention(
-          q, k, v, causal=causal, implementation="mosaic", config=cfg)) for name, cfg in cfgs.items()}
-      fns.update(peers(causal, args.peers.split(",")))
+          q, k, v, causal=causal, implementation="mosaic", config=cfg, kv_lengths=lens))
+             for name, cfg in cfgs.items()}
+      if lens is None:
+        fns.update(peers(causal, args.peers.split(",")))
+      elif "cudnn" in args.peers.split(","):        # tokamax is not given the lengths: left out
+        fns["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, key_value_seq_lengths=lens, implementation="cudnn")
       if args.ours_last:
         fns = {**{k: f for k, f in fns.items() if k != "ours"}, "ours": fns["ours"]}
-      row = {"shape": [b, t, n, h], "causal": causal,
+      row = {"shape": [b, t, n, h], "causal": causal, "kv_len": args.kv_len,
              "flops": timing.attention_flops(b, n, t, t, h, causal=causal, mode="fwdbwd")}
       outs = {}
       for name, fn in fns.items():
