@@ -37,8 +37,9 @@ class Config:
       kernel runs at ~560 TFLOP/s there against ~740 at H = 128 (H100, session 31). 128
       queries a step halves them; ptxas (offline) spills nothing at H = 64 without
       ``bwd_early_stats`` and 16 B with "lse" at 240 registers, where the dQ kernel with
-      128-row blocks would spill and serialise its wgmmas (C7512). 128 by default on the
-      unmasked H = 64 grid backward (default_config; 12% faster dK/dV, H100 session 32).
+      128-row blocks would spill and serialise its wgmmas (C7512). 128 by default at H = 64
+      over 1024 keys without a window or key masks (default_config; dK/dV 12% faster unmasked,
+      2-3% causal, H100 session 32).
     bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
@@ -531,9 +532,15 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # (bwd_dq_registers; the dK/dV kernel keeps 232, where it was 1-2% faster): the dQ kernel
   # 0.832 / 0.835 -> 0.790 / 0.797 ms at 4x4096x32x64 causal (H100, session 32, both timing
   # orders). ptxas (offline): 76 B spilled at 232, 0 at 240; with a window 208 B, with
-  # segment ids and kv_lengths 344 B.
-  h64_causal_dq = (hp == 64 and masked and not windowed and not key_masks
-                   and seq_k > PERSISTENT_BWD_KEYS)
+  # segment ids and kv_lengths 344 B. And the dK/dV kernel's 128-query steps without early
+  # stats, although ptxas spills ~480 B there (mostly in the masked diagonal steps: 10 local
+  # loads / stores a step in the mask-free loop): dK/dV 1.082 / 1.074 -> 1.057 / 1.040 ms,
+  # fwd+bwd 2.499 / 2.485 -> 2.472 / 2.435 (0.98 -> 0.99-1.00x cuDNN; H100, session 32, both
+  # orders; at 240 registers a tie). With a window it spills 664 B, and was not timed.
+  h64_causal = (hp == 64 and masked and not windowed and not key_masks
+                and seq_k > PERSISTENT_BWD_KEYS)
+  if h64_causal:
+    early_stats = ""
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
@@ -543,6 +550,6 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
-                bwd_dkdv_block_q=128 if h64_steps else 0,
-                bwd_dq_block_kv=128 if h64_steps or h64_causal_dq else 64,
-                bwd_dq_registers=240 if h64_causal_dq else 0)
+                bwd_dkdv_block_q=128 if h64_steps or h64_causal else 0,
+                bwd_dq_block_kv=128 if h64_steps or h64_causal else 64,
+                bwd_dq_registers=240 if h64_causal else 0)

@@ -1,5 +1,6 @@
 """``Config.bwd_dq_registers``: the dQ kernel's consumer registers apart from the dK/dV kernel's,
-and the causal H = 64 default that uses it (128-key dQ steps at 240 registers).
+and the causal H = 64 default that uses it (128-key dQ steps at 240 registers, 128-query dK/dV
+steps at 232).
 
 Checked here: the statics each kernel gets, the field's validation, which calls take the
 default (not windowed or key-masked ones, where ptxas spills), and compiled gradients against
@@ -39,14 +40,16 @@ def test_bad_value_raises():
 def test_default_config(kw, want):
   cfg = default_config(head_dim=64, seq_k=4096, **kw)
   assert (cfg.bwd_dq_block_kv, cfg.bwd_dq_registers) == want
+  assert cfg.bwd_dkdv_block_q == (128 if want[0] == 128 else 0)     # with 128-query dK/dV
   assert default_config(head_dim=64, seq_k=1024, masked=True).bwd_dq_registers == 0
   assert default_config(head_dim=128, seq_k=4096, masked=True).bwd_dq_registers == 0
 
 
 def test_causal_default_in_interpret_mode():
-  # Interpret mode takes no register counts; this runs the 128-key dQ steps the default picks.
+  # Interpret mode takes no register counts; this runs the 128-wide steps the default picks.
   case = H.Case(t=200, s=300, n=4, kh=2, h=64, causal=True, seed=821)
-  H.check_mosaic_default_with(case, bwd_dq_block_kv=128, bwd_dq_registers=240)
+  H.check_mosaic_default_with(case, bwd_dq_block_kv=128, bwd_dq_registers=240,
+                              bwd_dkdv_block_q=128, bwd_early_stats="")
 
 
 @pytest.mark.gpu
