@@ -60,11 +60,14 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
   s = k.shape[1]
   if config is None:
     # A winner of autotune.tune for this problem class (its forward; the backward is always
-    # the heuristic's for this call), else the heuristic.
+    # the heuristic's for this call), else the heuristic. tune has no window: a windowed call
+    # (tiles of other lengths than the full or causal class it would look up) keeps the
+    # heuristic.
     cfg = default_config(head_dim=h, seq_k=s, masked=causal or window is not None,
                          key_masks=q_segment_ids is not None or kv_lengths is not None,
                          windowed=window is not None)
-    tuned = autotune.lookup(head_dim=h, seq_k=s, causal=causal, dtype=q.dtype)
+    tuned = (autotune.lookup(head_dim=h, seq_k=s, causal=causal, dtype=q.dtype)
+             if window is None else None)
     if tuned is not None:
       cfg = autotune.with_backward_of(tuned, cfg)
   elif isinstance(config, Config):

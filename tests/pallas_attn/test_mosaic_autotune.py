@@ -141,3 +141,6 @@ def test_cached_winner_keeps_todays_backward(tmp_path, monkeypatch):
   seg = jnp.zeros((1, 4096), jnp.int32)
   ops.attention(q, q, q, **dict(kw, q_segment_ids=seg, kv_segment_ids=seg))
   assert seen["cfg"].bwd_dkdv_block_q == 0 and seen["cfg"].block_kv == 64
+  # A window was never tuned: the heuristic whole, not the unmasked class's winner.
+  ops.attention(q, q, q, **dict(kw, window=(256, 0)))
+  assert seen["cfg"] == default_config(head_dim=64, seq_k=4096, masked=True, windowed=True)
