@@ -1,8 +1,9 @@
 """Autotuning of the Mosaic GPU forward: try a small Config space on the device, cache the winner.
 
 The cache is a JSON file mapping a problem key (head dim, key-length bucket, causal, dtype) to the
-fastest Config found; ``ops.attention`` reads it when no config is given (``lookup``) and takes
-its forward fields, the backward ones coming from today's heuristic (``with_backward_of``).
+fastest Config found; ``ops.attention`` reads it when no config and no window are given
+(``lookup``) and takes its forward fields, the backward ones coming from today's heuristic
+(``with_backward_of``).
 Location: ``$PALLAS_ATTN_TUNE_CACHE`` or ``~/.cache/pallas_attn/mosaic_tune.json``.
 
 Example (on an H200)::
