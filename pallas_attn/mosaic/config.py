@@ -516,30 +516,24 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # traffic stays outside the step loop with either: offline SASS, see "lse+delta_early";
   # reading D before dV's wgmmas, "lse+delta_early", measured no better: session 32).
   early_stats = "lse" if hp == 128 and not masked and not bwd_persistent else "lse+delta"
-  # Unmasked H = 64 grid backward: 128 queries a dK/dV step (bwd_dkdv_block_q; halves the
-  # step's fixed costs, see Config) without early stats, and 128 keys a dQ step (H100,
-  # session 32, both timing orders, cuDNN in the same process; 4x4096x32x64 full): dK/dV
-  # 1.972 -> 1.741-1.754 ms, dQ 1.397 -> 1.304-1.312, fwd+bwd 4.466 -> 4.137-4.163 ms (0.921
-  # -> 0.991-0.995x cuDNN). 128-query steps with "lse+delta" spill and doubled the kernel's
-  # time; with "lse" at 240 registers fwd+bwd was 4% slower than without. Only where no key is
-  # masked: with segment ids, kv_lengths or keys padded to 128 ptxas spills ~100 B in the
-  # dK/dV step at 232 registers (offline, sessions 31-32); causal spills 350-480 B.
-  h64_steps = (hp == 64 and not masked and not bwd_persistent and not key_masks
-               and seq_k % 128 == 0)
-  if h64_steps:
-    early_stats = ""
-  # Causal H = 64 (no window, no key masks): the dQ kernel's 128-key steps at 240 registers
-  # (bwd_dq_registers; the dK/dV kernel keeps 232, where it was 1-2% faster): the dQ kernel
-  # 0.832 / 0.835 -> 0.790 / 0.797 ms at 4x4096x32x64 causal (H100, session 32, both timing
-  # orders). ptxas (offline): 76 B spilled at 232, 0 at 240; with a window 208 B, with
-  # segment ids and kv_lengths 344 B. And the dK/dV kernel's 128-query steps without early
-  # stats, although ptxas spills ~480 B there (mostly in the masked diagonal steps: 10 local
-  # loads / stores a step in the mask-free loop): dK/dV 1.082 / 1.074 -> 1.057 / 1.040 ms,
-  # fwd+bwd 2.499 / 2.485 -> 2.472 / 2.435 (0.98 -> 0.99-1.00x cuDNN; H100, session 32, both
-  # orders; at 240 registers a tie). With a window it spills 664 B, and was not timed.
-  h64_causal = (hp == 64 and masked and not windowed and not key_masks
-                and seq_k > PERSISTENT_BWD_KEYS)
-  if h64_causal:
+  # H = 64 backward over 1024 keys (the grid dK/dV kernel), 128-wide steps in both kernels:
+  # 128 queries a dK/dV step (bwd_dkdv_block_q; halves the step's fixed costs, see Config)
+  # without early stats, 128 keys a dQ step. H100, session 32, both timing orders, cuDNN in
+  # the same process, 4x4096x32x64:
+  # - full: dK/dV 1.972 -> 1.741-1.754 ms, dQ 1.397 -> 1.304-1.312, fwd+bwd 4.466 ->
+  #   4.137-4.163 (0.921 -> 0.991-0.995x cuDNN). 128-query steps with "lse+delta" spill and
+  #   doubled the kernel's time; with "lse" at 240 registers fwd+bwd was 4% slower.
+  # - causal: the dQ kernel at 240 registers (bwd_dq_registers; 76 B spilled at 232, 0 at
+  #   240; the dK/dV kernel was 1-2% slower at 240) 0.832 / 0.835 -> 0.790 / 0.797 ms; dK/dV
+  #   1.082 / 1.074 -> 1.057 / 1.040 although ptxas spills ~480 B there (mostly in the masked
+  #   diagonal steps; 10 local loads / stores a step in the mask-free loop; at 240 a tie);
+  #   fwd+bwd 2.499 / 2.485 -> 2.472 / 2.435 (0.98 -> 0.99-1.00x).
+  # Not with a window (dK/dV 664 B spilled, dQ 208 B) or key masks (segment ids, kv_lengths;
+  # and unmasked keys padded to 128, which mask like kv_lengths): ~100 B spilled in the
+  # unmasked dK/dV step loop, 344 B in the causal dQ kernel (ptxas offline, sessions 31-32).
+  h64_wide = (hp == 64 and seq_k > PERSISTENT_BWD_KEYS and not windowed and not key_masks
+              and (masked or seq_k % 128 == 0))
+  if h64_wide:
     early_stats = ""
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
@@ -550,6 +544,5 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
-                bwd_dkdv_block_q=128 if h64_steps or h64_causal else 0,
-                bwd_dq_block_kv=128 if h64_steps or h64_causal else 64,
-                bwd_dq_registers=240 if h64_causal else 0)
+                bwd_dkdv_block_q=128 if h64_wide else 0, bwd_dq_block_kv=128 if h64_wide else 64,
+                bwd_dq_registers=240 if h64_wide and masked else 0)
