@@ -6,6 +6,10 @@
 # -5..-8% and dQ -5% against the key-masked default; fwd+bwd -3..-5%. Both timing orders.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
+# First the causal H = 64 default's own compiled test (its 128-query dK/dV steps came after
+# session 32's last compiled run).
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 70 python3 -m pytest -q -m gpu -n 4 \
+    -p no:cacheprovider -rfE tests/pallas_attn/test_mosaic_dq_registers.py 2>&1 | tail -2
 for order in first last; do
   extra=(); [ "$order" = last ] && extra=(--ours-last)
   timeout -k 5 110 python3 benchmarks/bwd_breakdown.py --peers cudnn --budget-s 100 \
