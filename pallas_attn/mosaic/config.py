@@ -528,14 +528,26 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   #   1.082 / 1.074 -> 1.057 / 1.040 although ptxas spills ~480 B there (mostly in the masked
   #   diagonal steps; 10 local loads / stores a step in the mask-free loop; at 240 a tie);
   #   fwd+bwd 2.499 / 2.485 -> 2.472 / 2.435 (0.98 -> 0.99-1.00x).
-  # Not with a window (dK/dV 664 B spilled, dQ 208 B) or key masks (segment ids, kv_lengths;
-  # and unmasked keys padded to 128, which mask like kv_lengths): ~100 B spilled in the
-  # unmasked dK/dV step loop, 344 B in the causal dQ kernel (ptxas offline, sessions 31-32).
-  h64_wide = (hp == 64 and seq_k > PERSISTENT_BWD_KEYS and not windowed and not key_masks
-              and (masked or seq_k % 128 == 0))
+  # - unmasked with key masks (segment ids, kv_lengths; or keys padded to 128, which mask like
+  #   kv_lengths): at 232 registers ~100 B spilled in the dK/dV step loop, at 240 (both
+  #   kernels) 0 B (ptxas offline, session 33). 4x4096x32x64 with kv_lengths (odd rows 75% of
+  #   the keys; cuDNN given the same lengths), both orders: fwd+bwd 4.364 / 4.366 -> 4.034 /
+  #   4.035 ms (0.913 -> 0.987-0.989x cuDNN; H100, session 33).
+  # Not with a window (dK/dV 664 B spilled, dQ 208 B), nor causal with key masks (344 B in the
+  # dQ kernel at 232; untimed).
+  h64_wide = (hp == 64 and seq_k > PERSISTENT_BWD_KEYS and not windowed
+              and not (masked and key_masks))
   if h64_wide:
     early_stats = ""
+    if not masked and (key_masks or seq_k % 128):
+      registers = 240
+  # The persistent unmasked H = 64 forward with its tile ranges computed in the kernel
+  # (computed_ranges) where the keys end inside a 256-key block: ptxas spills 516 B there and
+  # serialises the wgmmas (C7512; offline, 1x4000x2x64, session 33), 0 B with the ranges read
+  # from the metadata array as kv_lengths calls do.
+  computed_ranges = not (full_h64 and seq_k % block_kv)
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
+                computed_ranges=computed_ranges,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=registers,

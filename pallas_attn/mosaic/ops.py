@@ -74,11 +74,6 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
     cfg = config
   else:
     raise NotImplementedError(f"config of type {type(config).__name__} is not a mosaic Config")
-  if kv_lengths is not None:
-    # Keys past a row's length may hold anything (NaN padding); P is 0 there but 0 * NaN is not.
-    valid = jnp.arange(s)[None, :] < jnp.clip(kv_lengths, 0, s)[:, None]
-    v = jnp.where(valid[:, :, None, None], v, jnp.zeros((), v.dtype))
-    k = jnp.where(valid[:, :, None, None], k, jnp.zeros((), k.dtype))  # NaN * 0 in dQ = dS K
   fn = functools.partial(
       _attention, causal=causal, scale=h ** -0.5 if scale is None else scale, window=window,
       softcap=softcap, cfg=cfg, head_dim_padded=hp, interpret=interpret)
@@ -110,15 +105,32 @@ def _on_hopper() -> bool:
     return False
 
 
+def _zero_padding(x, kv_lengths):
+  """``x`` [B, S, ...] with the keys past each row's length set to 0.
+
+  Keys past a row's length may hold anything (NaN padding). The kernels mask S with a select, so
+  NaN in K never reaches the forward's softmax, but P V multiplies V's NaN by P's 0, and the
+  backward's dQ = dS K and dP = dO V^T do the same with K and V. The select runs inside the
+  custom VJP, not before it: its own VJP would otherwise be a second full pass over dK and dV,
+  which the kernels already leave 0 there (P = dS = 0 on finite keys)."""
+  s = x.shape[1]
+  valid = jnp.arange(s)[None, :] < jnp.clip(kv_lengths, 0, s)[:, None]
+  return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11, 12))
 def _attention(q, k, v, q_seg, kv_seg, kv_lengths, causal, scale, window, softcap, cfg,
                head_dim_padded, interpret):
+  if kv_lengths is not None:      # the forward alone: only V's NaN would reach the output
+    v = _zero_padding(v, kv_lengths)
   return _forward(q, k, v, q_seg, kv_seg, kv_lengths, causal=causal, scale=scale, window=window,
                   softcap=softcap, cfg=cfg, hp=head_dim_padded, interpret=interpret)
 
 
 def _attention_fwd(q, k, v, q_seg, kv_seg, kv_lengths, causal, scale, window, softcap, cfg,
                    head_dim_padded, interpret):
+  if kv_lengths is not None:      # K too: the backward's residuals
+    k, v = _zero_padding(k, kv_lengths), _zero_padding(v, kv_lengths)
   out, lse = _forward(q, k, v, q_seg, kv_seg, kv_lengths, causal=causal, scale=scale,
                       window=window, softcap=softcap, cfg=cfg, hp=head_dim_padded,
                       interpret=interpret)
