@@ -532,22 +532,18 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   #   kv_lengths): at 232 registers ~100 B spilled in the dK/dV step loop, at 240 (both
   #   kernels) 0 B (ptxas offline, session 33). 4x4096x32x64 with kv_lengths (odd rows 75% of
   #   the keys; cuDNN given the same lengths), both orders: fwd+bwd 4.364 / 4.366 -> 4.034 /
-  #   4.035 ms (0.913 -> 0.987-0.989x cuDNN; H100, session 33).
-  # Not with a window (dK/dV 664 B spilled, dQ 208 B), nor causal with key masks (344 B in the
-  # dQ kernel at 232; untimed).
-  h64_wide = (hp == 64 and seq_k > PERSISTENT_BWD_KEYS and not windowed
-              and not (masked and key_masks))
+  #   4.035 ms (0.913 -> 0.987-0.989x cuDNN); 4x4000x32x64 (keys padded): 5.154 / 5.096 ->
+  #   4.858 / 4.813 (H100, session 33).
+  # - causal with key masks, both kernels at 240 (at 232 the dQ kernel spills 344 B; offline):
+  #   4x4096x32x64 with kv_lengths 2.653 / 2.639 -> 2.511 / 2.494 ms, 0.96 -> 1.02x cuDNN
+  #   (H100, session 33, both orders; the dQ kernel alone at 240: 2.611 / 2.605).
+  # Not with a window (dK/dV 664 B spilled, dQ 208 B; untimed).
+  h64_wide = hp == 64 and seq_k > PERSISTENT_BWD_KEYS and not windowed
   if h64_wide:
     early_stats = ""
-    if not masked and (key_masks or seq_k % 128):
+    if key_masks or (not masked and seq_k % 128):
       registers = 240
-  # The persistent unmasked H = 64 forward with its tile ranges computed in the kernel
-  # (computed_ranges) where the keys end inside a 256-key block: ptxas spills 516 B there and
-  # serialises the wgmmas (C7512; offline, 1x4000x2x64, session 33), 0 B with the ranges read
-  # from the metadata array as kv_lengths calls do.
-  computed_ranges = not (full_h64 and seq_k % block_kv)
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
-                computed_ranges=computed_ranges,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=registers,
@@ -557,4 +553,4 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
                 bwd_dkdv_block_q=128 if h64_wide else 0, bwd_dq_block_kv=128 if h64_wide else 64,
-                bwd_dq_registers=240 if h64_wide and masked else 0)
+                bwd_dq_registers=240 if h64_wide and masked and not key_masks else 0)
