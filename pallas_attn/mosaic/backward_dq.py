@@ -55,8 +55,8 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
     # Heaviest Q tiles first under causal-like masks (without it they ran last: ~6% of the
     # kernel in a list-scheduling model of 2048 CTAs on 132 SMs).
-    tile = heavy_first_tile(lax.axis_index("q_seq"), n_tiles=q_ref.shape[1] // (COMPUTE_WGS * bq),
-                            st=st)
+    n_tiles = -(-q_ref.shape[1] // (COMPUTE_WGS * bq))     # Q may end inside its last tile
+    tile = heavy_first_tile(lax.axis_index("q_seq"), n_tiles=n_tiles, st=st)
     lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
                                                    batch=batch, tile=tile,
                                                    full=st.num_kv_blocks)

@@ -203,7 +203,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
   wg = lax.axis_index("wg")
   bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   nc = st.consumers                    # consumer warpgroups; warpgroup nc is the producer
-  n_tiles = q_ref.shape[1] // (nc * bq)
+  n_tiles = -(-q_ref.shape[1] // (nc * bq))           # Q may end inside its last tile
   num_heads = q_ref.shape[2]
 
   def heavy_first(tile):

@@ -42,6 +42,25 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
+# The longest tile any kernel cuts from the sequence axes (H = 64 key blocks, 128-query dK/dV
+# steps' dQ CTAs): shorter sequences are padded, whatever the kernel.
+_TAIL_MIN = 256
+
+
+def tma_tails(*, interpret, h: int, hp: int, t: int, s: int) -> bool:
+  """Whether Q, K, V, O and dO go to the compiled kernels unpadded along T and S.
+
+  A TMA load of a tile that runs past the array's end fills the missing rows with zeros and a
+  TMA store drops them, so the kernels need no padded copies (an XLA pad per operand, ~0.05 ms
+  each at 2^25 bf16 elements, and a slice per output). The masks already hide keys past S
+  (``has_kv_len``) and rows past T are never stored. Not: in interpret mode (its copies are
+  dynamic slices, which clamp instead), where the head dim is padded (the pad is needed
+  anyway), where a sequence is shorter than one tile (a slice may not exceed its axis), or
+  where T or S is not a multiple of the shared-memory tiles' 8 rows (Mosaic tiles the global
+  array by them)."""
+  return not interpret and h == hp and min(t, s) >= _TAIL_MIN and t % 8 == 0 and s % 8 == 0
+
+
 def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segment_ids,
               kv_lengths, return_lse, config, interpret):
   """Mosaic GPU backend entry point (called by ``pallas_attn.api.flash_attention``).
@@ -314,8 +333,15 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   tq, tk = st_dkdv.num_kv_blocks * bq, st_dq.num_kv_blocks * dq_bkv
   dq_rows = kernels.COMPUTE_WGS * st_dq.block_q     # a dQ CTA's rows (Config.bwd_dkdv_block_q)
 
+  tails = tma_tails(interpret=interpret, h=h, hp=hp, t=t, s=s)
+
   def pad(x, length):
+    if tails:
+      return x
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
+
+  def rows_to(x, length):        # (already hp wide) padded along T only
+    return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, 0)))
 
   qp, kp, vp, outp, dop = pad(q, tq), pad(k, tk), pad(v, tk), pad(out, tq), pad(do.astype(q.dtype), tq)
   dlse = jnp.zeros_like(lse) if dlse is None else dlse
@@ -324,7 +350,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   # D = rowsum(dO * O) - dlse: a pre-pass kernel, or (``delta_in_dq``) the dQ kernel, which
   # then writes the finished record for the dK/dV kernel.
   delta_in_dq = st_dq.delta_in_dq and not fused_dq
-  delta = -dlsep if delta_in_dq else _delta(dop, outp, dlsep, st_dq.block_q, interpret)
+  delta = -dlsep if delta_in_dq else _delta(rows_to(dop, tq), rows_to(outp, tq), dlsep,
+                                            st_dq.block_q, interpret)     # a grid of tq rows
   lse2 = jnp.where(jnp.isneginf(lsep), jnp.inf, lsep * kernels.LOG2E)   # empty rows: P = 0
   rows = jnp.stack([lse2, delta], axis=2)                                # [B, N, 2, T]
   base = [qp, kp, vp, dop, rows]
@@ -363,8 +390,8 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     return match_vma(list(outs), axes) if axes else list(outs)
 
   kv_tiles = tk // (bkv if split else kernels.COMPUTE_WGS * bkv)
-  dkdv_out = [jax.ShapeDtypeStruct((b, tk, kh, hp), k.dtype),
-              jax.ShapeDtypeStruct((b, tk, kh, hp), v.dtype)]
+  dkdv_out = [jax.ShapeDtypeStruct((b, kp.shape[1], kh, hp), k.dtype),     # tk, or S (tails)
+              jax.ShapeDtypeStruct((b, kp.shape[1], kh, hp), v.dtype)]
   persist = persistent and not (fused_dq or split or has_meta or st_dkdv.defer_wait) and (
       backward_smem_bytes(st=st_dkdv, head_dim=hp, persistent=True) <= SMEM_LIMIT_BYTES)
   # Config.bwd_self_fed: the grid dK/dV kernel without a producer warpgroup (its consumer 0
@@ -400,7 +427,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
       tiles = (n, tq // dq_rows, b)
       dq_kw.update(num_ctas=min(_num_sms(interpret), math.prod(tiles)), grid_tiles=tiles)
       dq_grid = ((dq_kw["num_ctas"],), ("cta",))
-    dq_out = [jax.ShapeDtypeStruct((b, tq, n, hp), q.dtype)]
+    dq_out = [jax.ShapeDtypeStruct((b, qp.shape[1], n, hp), q.dtype)]
     o_in = []
     if delta_in_dq:
       dq_out.append(jax.ShapeDtypeStruct(rows.shape, jnp.float32))       # the finished record
@@ -559,7 +586,11 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     raise NotImplementedError(f"mosaic config needs ~{smem // 1024} KB of shared memory at head "
                               f"dim {hp} (limit {SMEM_LIMIT_BYTES // 1024} KB)")
 
+  tails = not fp8 and tma_tails(interpret=interpret, h=h, hp=hp, t=t, s=s)
+
   def pad(x, length):
+    if tails:
+      return x
     return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, hp - h)))
 
   inputs = [pad(q, tq), pad(k, tk)]
@@ -601,8 +632,8 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
                                                 has_meta=has_meta, out_dtype=out_dtype)
   out, lse = plgpu.kernel(
       functools.partial(kernels.fwd_kernel, st=st, has_meta=has_meta),
-      out_type=(jax.ShapeDtypeStruct((b, tq, n, hp), out_dtype),
-                jax.ShapeDtypeStruct((b, n, tq), jnp.float32)),
+      out_type=(jax.ShapeDtypeStruct((b, t if tails else tq, n, hp), out_dtype),
+                jax.ShapeDtypeStruct((b, n, tq), jnp.float32)),      # lse: T * 4 B rows
       scratch_types=(smem_types, bar_types),
       **(dict(grid=(st.num_ctas,), grid_names=("sm",)) if st.persistent else
          _grid(n, tq // cta_q, b, seq="q_seq", seq_major=cfg.seq_major)),
