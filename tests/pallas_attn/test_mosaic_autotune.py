@@ -137,10 +137,11 @@ def test_cached_winner_keeps_todays_backward(tmp_path, monkeypatch):
   assert (got.block_kv, got.num_stages) == (64, 3)                        # the tuned forward
   assert all(getattr(got, f) == getattr(want, f) for f in autotune.backward_fields())
   assert got.backward == "mosaic" and got.bwd_dkdv_block_q == 128
-  # The call's own masks choose the backward too: segment ids keep the 64-query dK/dV steps.
+  # The call's own masks choose the backward too: segment ids take the 240-register pair.
   seg = jnp.zeros((1, 4096), jnp.int32)
   ops.attention(q, q, q, **dict(kw, q_segment_ids=seg, kv_segment_ids=seg))
-  assert seen["cfg"].bwd_dkdv_block_q == 0 and seen["cfg"].block_kv == 64
+  assert (seen["cfg"].bwd_registers, want.bwd_registers) == (240, 232)
+  assert seen["cfg"].block_kv == 64
   # A window was never tuned: the heuristic whole, not the unmasked class's winner.
   ops.attention(q, q, q, **dict(kw, window=(256, 0)))
   assert seen["cfg"] == default_config(head_dim=64, seq_k=4096, masked=True, windowed=True)
