@@ -537,11 +537,17 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # - causal with key masks, both kernels at 240 (at 232 the dQ kernel spills 344 B; offline):
   #   4x4096x32x64 with kv_lengths 2.653 / 2.639 -> 2.511 / 2.494 ms, 0.96 -> 1.02x cuDNN
   #   (H100, session 33, both orders; the dQ kernel alone at 240: 2.611 / 2.605).
+  # - 1024 keys (the unmasked dK/dV kernel persistent), both kernels at 240 (at 232 the dK/dV
+  #   kernel spills 48 B unmasked, the dQ kernel 76 B causal; 0 B at 240, offline).
+  #   16x1024x32x64, both orders, gradients bitwise the same: full 1.381 / 1.368 -> 1.208 /
+  #   1.208 ms (0.93 -> 1.07x cuDNN; dK/dV 0.58 -> 0.46, dQ 0.43 -> 0.38), causal 1.006 /
+  #   1.005 -> 0.982 / 0.982 (0.93 -> 0.95x; with the dQ kernel alone at 240: 0.997). Shorter
+  #   rows are not timed and keep the 64-wide steps (H100, session 33).
   # Not with a window (dK/dV 664 B spilled, dQ 208 B; untimed).
-  h64_wide = hp == 64 and seq_k > PERSISTENT_BWD_KEYS and not windowed
+  h64_wide = hp == 64 and seq_k >= PERSISTENT_BWD_KEYS and not windowed
   if h64_wide:
     early_stats = ""
-    if key_masks or (not masked and seq_k % 128):
+    if key_masks or (not masked and seq_k % 128) or seq_k <= PERSISTENT_BWD_KEYS:
       registers = 240
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
@@ -553,4 +559,4 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
                 bwd_dkdv_block_q=128 if h64_wide else 0, bwd_dq_block_kv=128 if h64_wide else 64,
-                bwd_dq_registers=240 if h64_wide and masked and not key_masks else 0)
+                bwd_dq_registers=240 if h64_wide and masked and registers != 240 else 0)
