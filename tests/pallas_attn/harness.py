@@ -21,6 +21,7 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -574,3 +575,12 @@ def grads_against_reference(cfg, kw: dict, *, b: int, t: int, s: int, n: int, kh
                *(x.astype(jnp.float32) for x in (q, k, v)))
   return got, want
 
+
+
+def walk_eqns(jaxpr):
+  """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters (custom VJPs,
+  jits, loops), depth first."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from walk_eqns(sub)

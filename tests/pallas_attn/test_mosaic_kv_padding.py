@@ -9,7 +9,6 @@ bitwise equal to clean inputs, and the traced program holds exactly the selects 
 import dataclasses
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -58,13 +57,8 @@ def test_triton_backward_fallback_leaves_padding_zero():
 
 def _key_selects(jaxpr, shape) -> int:
   """Selects over a key-shaped array anywhere in ``jaxpr`` (sub-jaxprs included)."""
-  count = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "select_n" and tuple(eqn.outvars[0].aval.shape) == shape:
-      count += 1
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      count += _key_selects(sub, shape)
-  return count
+  return sum(eqn.primitive.name == "select_n" and tuple(eqn.outvars[0].aval.shape) == shape
+             for eqn in H.walk_eqns(jaxpr))
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["forward", "fwd+bwd"])

@@ -10,7 +10,6 @@ conditions, the traced program's pads, and sm90 lowering of both directions.
 import functools
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import pytest
 
@@ -33,13 +32,8 @@ def test_conditions(kw, want):
 
 def _pads(jaxpr) -> list[tuple[int, ...]]:
   """Shapes of every rank-4 array padded anywhere in ``jaxpr``."""
-  found = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "pad" and eqn.invars[0].aval.ndim == 4:
-      found.append(tuple(eqn.invars[0].aval.shape))
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      found += _pads(sub)
-  return found
+  return [tuple(eqn.invars[0].aval.shape) for eqn in H.walk_eqns(jaxpr)
+          if eqn.primitive.name == "pad" and eqn.invars[0].aval.ndim == 4]
 
 
 def _vjp(t, s, h, *, causal, interpret, lens=None):
