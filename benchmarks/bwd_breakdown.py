@@ -109,6 +109,9 @@ def main() -> int:
   ap.add_argument("--kv-len", type=float, default=0.0,
                   help="key lengths: odd batch rows see this fraction of the keys (kv_lengths; "
                   "cuDNN's key_value_seq_lengths), even rows all; 0: off")
+  ap.add_argument("--window", type=int, default=0,
+                  help="left window (keys before the diagonal a query also sees) with the causal "
+                  "mask, (L, 0); cuDNN's local_window_size=(L, 0); 0: off")
   ap.add_argument("--ours-last", action="store_true",
                   help="time the variants and peers before the default (a first-timed bias check)")
   ap.add_argument("--replot", default="", help="only draw the plot of an existing JSON (CPU)")
@@ -133,20 +136,26 @@ def main() -> int:
       if args.kv_len:
         lens = jnp.array([t if i % 2 == 0 else max(1, round(args.kv_len * t)) for i in range(b)],
                          jnp.int32)
-      base = default_config(head_dim=h, seq_k=t, masked=causal, key_masks=lens is not None)
+      window = (args.window, 0) if args.window and causal else None
+      base = default_config(head_dim=h, seq_k=t, masked=causal, key_masks=lens is not None,
+                            windowed=window is not None)
       cfgs = {"ours": base,
               **{name: dataclasses.replace(base, **f) for name, f in variants.items()}}
       fns = {name: (lambda q, k, v, cfg=cfg: flash_attention(
-          q, k, v, causal=causal, implementation="mosaic", config=cfg, kv_lengths=lens))
+          q, k, v, causal=causal, implementation="mosaic", config=cfg, kv_lengths=lens,
+          window=window))
              for name, cfg in cfgs.items()}
-      if lens is None:
+      if window is not None and "cudnn" in args.peers.split(","):   # tokamax left out
+        fns["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, local_window_size=window, implementation="cudnn")
+      elif lens is None:
         fns.update(peers(causal, args.peers.split(",")))
       elif "cudnn" in args.peers.split(","):        # tokamax is not given the lengths: left out
         fns["cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=causal, key_value_seq_lengths=lens, implementation="cudnn")
       if args.ours_last:
         fns = {**{k: f for k, f in fns.items() if k != "ours"}, "ours": fns["ours"]}
-      row = {"shape": [b, t, n, h], "causal": causal, "kv_len": args.kv_len,
+      row = {"shape": [b, t, n, h], "causal": causal, "kv_len": args.kv_len, "window": window,
              "flops": timing.attention_flops(b, n, t, t, h, causal=causal, mode="fwdbwd")}
       outs = {}
       for name, fn in fns.items():
