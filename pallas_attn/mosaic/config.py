@@ -427,8 +427,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
   different lengths leaves SMs idle (5-50% slower), so masked calls take the persistent launch
   only with the dynamic tile counter (``dynamic_schedule``), and only up to 4096 keys (measured
-  there: 6-18% faster than one CTA per tile). Only at head dim 128, and for masked calls at
-  head dim 64 with 1025-4096 keys (see the comment below).
+  there: 6-18% faster than one CTA per tile). Only at head dim 128, and at head dim 64 with
+  129-4096 keys (see the comments below).
 
   ``key_masks``: the call carries segment ids or ``kv_lengths``; ``windowed``: it has a window
   (and is then ``masked`` too). Their compares cost registers that the H = 64 backward's
@@ -463,16 +463,28 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # so shorter key sequences (whose compiled grid tests ran the grid) keep the grid until timed.
   # At H = 256 a persistent request now runs, with O stored in 64-column chunks (ops._forward;
   # before session 12 it ran the grid); it has not been measured, so it is not a default there.
+  # Session 34 (H100, one config per process, cuDNN's forward on the same inputs) took the
+  # persistent H = 64 forms down to 129 keys, where the grid's CTAs of one or two steps spent
+  # more on their launch, Q load and pipeline fill than on the product: causal forward
+  # 0.2752 -> 0.2021 ms at 16x1024x32x64 (0.72 -> 0.97x cuDNN), 0.2294 -> 0.1408 at 32x512
+  # (0.56 -> 0.91x), 0.1801 -> 0.1084 at 64x256 (0.53 -> 0.88x).
   short = seq_k <= 4096
-  causal_h64 = hp == 64 and masked and 1024 < seq_k <= 4096
+  causal_h64 = hp == 64 and masked and 128 < seq_k <= 4096
   if causal_h64:
     block_kv = 128
   # Unmasked H = 64 rows with 1025-4096 keys: the persistent loop with 256-key blocks and the
   # consumers' turns on mbarriers (on named barriers that form hangs, see ops._forward):
-  # 4x4096x32x64 1.2016 -> 1.1514 ms (cuDNN 1.1384: 0.948 -> 0.989x; H200, session 13). Measured
-  # at 4096 keys only.
+  # 4x4096x32x64 1.2016 -> 1.1514 ms (cuDNN 1.1384: 0.948 -> 0.989x; H200, session 13); at
+  # 8x2048 0.5705 ms against 0.6386 with 128-key blocks (H100, session 34).
   full_h64 = hp == 64 and not masked and 1024 < seq_k <= 4096
-  persistent_ok = hp == 128 or causal_h64 or full_h64
+  # Unmasked with 129-1024 keys: 128-key blocks, persistent, named-barrier turns, Q in
+  # registers (H100, session 34): 16x1024x32x64 0.3701 -> 0.3187 ms (0.84 -> 0.97x cuDNN; the
+  # 256-key form above 0.3180), 32x512 0.2388 -> 0.1826 (0.72 -> 0.95x; 256-key form 0.1885),
+  # 64x256 0.1679 -> 0.1160 (0.61 -> 0.88x). With mbarrier turns the 128-key form was 6% slower.
+  short_h64 = hp == 64 and not masked and 128 < seq_k <= PERSISTENT_BWD_KEYS
+  if short_h64:
+    block_kv = 128
+  persistent_ok = hp == 128 or causal_h64 or full_h64 or short_h64
   # Q in registers (q_regs_cols) on those two H = 64 rows: full 1.1488 -> 1.1051 ms (0.989 ->
   # 1.030x cuDNN), causal 0.6225 -> 0.6079 (1.011 -> 1.041x; H200, session 14). At H = 128 /
   # 256 it measured within +-1.5% (and the unmasked H = 128 form is not served, see
@@ -543,8 +555,14 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   #   1.208 ms (0.93 -> 1.07x cuDNN; dK/dV 0.58 -> 0.46, dQ 0.43 -> 0.38), causal 1.006 /
   #   1.005 -> 0.982 / 0.982 (0.93 -> 0.95x; with the dQ kernel alone at 240: 0.997). Shorter
   #   rows are not timed and keep the 64-wide steps (H100, session 33).
-  # Not with a window (dK/dV 664 B spilled, dQ 208 B; untimed).
-  h64_wide = hp == 64 and seq_k >= PERSISTENT_BWD_KEYS and not windowed
+  # - 512 keys unmasked, both kernels at 240 (0 B spilled offline), the dK/dV kernel
+  #   persistent: 32x512x32x64 0.806 / 0.803 -> 0.704 / 0.705 ms (1.06 -> 1.21x cuDNN; in the
+  #   grid 0.821). Causal at 512 keys the pair measured 1-2% slower (its masked diagonal steps
+  #   spill 368 B), so masked calls keep 64-wide steps under 1024 keys (H100, session 34).
+  # Not with a window (the pair at 240: dK/dV 384 B spilled, dQ 208 B; fwd+bwd 1.3% slower at
+  # 4x4096x32x64 with window (512, 0), H100, session 34).
+  h64_wide = hp == 64 and not windowed and (
+      seq_k >= PERSISTENT_BWD_KEYS or (not masked and seq_k >= 512))
   if h64_wide:
     early_stats = ""
     if key_masks or (not masked and seq_k % 128) or seq_k <= PERSISTENT_BWD_KEYS:
@@ -556,7 +574,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 persistent=persistent_ok and (not masked or short) and not three,
                 dynamic_schedule=persistent_ok and masked and short,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
-                q_regs_cols=64 if (full_h64 or causal_h64) else 0, bwd_dq_regs=not wide,
+                q_regs_cols=64 if (full_h64 or causal_h64 or short_h64) else 0,
+                bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
                 bwd_dkdv_block_q=128 if h64_wide else 0, bwd_dq_block_kv=128 if h64_wide else 64,
                 bwd_dq_registers=240 if h64_wide and masked and registers != 240 else 0)

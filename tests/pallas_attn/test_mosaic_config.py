@@ -101,29 +101,33 @@ def test_default_config_lazy_rescale_only_masked_wide(h, masked):
   assert cfg.lazy_rescale == (8.0 if masked and h > 128 else 0.0)
 
 
-@pytest.mark.parametrize("seq_k", [1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("seq_k", [128, 256, 512, 1024, 2048, 4096, 8192])
 def test_default_config_masked_head_dim_64(seq_k):
   """H200 session 12: causal 4x4096x32x64 with 128-key blocks and the dynamic tile counter ran
-  1.012x cuDNN (the grid with 256-key blocks: 0.941x). Key lengths not measured keep the grid;
-  the persistent loop never gets 256-key blocks (it hangs compiled)."""
+  1.012x cuDNN (the grid with 256-key blocks: 0.941x); H100 session 34 took it down to 129
+  keys (16x1024 0.72 -> 0.97x, 32x512 0.56 -> 0.91x, 64x256 0.53 -> 0.88x). Longer rows keep
+  the grid; the persistent loop never gets 256-key blocks (it hangs compiled)."""
   cfg = default_config(head_dim=64, seq_k=seq_k, masked=True)
-  on = 1024 < seq_k <= 4096
+  on = 128 < seq_k <= 4096
   assert (cfg.persistent, cfg.dynamic_schedule) == (on, on)
-  assert cfg.block_kv == (128 if on else 256)
+  assert cfg.block_kv == (128 if seq_k <= 4096 else 256)
   assert cfg.pin_softmax and cfg.named_free
   assert cfg.q_regs_cols == (64 if on else 0)          # session 14: 1.011 -> 1.041x cuDNN
 
 
-@pytest.mark.parametrize("seq_k", [1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("seq_k", [128, 256, 512, 1024, 2048, 4096, 8192])
 def test_default_config_unmasked_head_dim_64(seq_k):
   """H200 session 13: unmasked 4x4096x32x64, persistent with 256-key blocks and the turns on
-  mbarriers, 0.989x cuDNN (the grid: 0.948x). Key lengths not measured keep the grid with the
-  named-barrier turns."""
+  mbarriers, 0.989x cuDNN (the grid: 0.948x). H100 session 34: at 129-1024 keys 128-key blocks
+  with the named-barrier turns (16x1024 0.84 -> 0.97x, 32x512 0.72 -> 0.95x; mbarrier turns 6%
+  slower there); longer rows keep the grid with the named-barrier turns."""
   cfg = default_config(head_dim=64, seq_k=seq_k, masked=False)
-  on = 1024 < seq_k <= 4096
-  assert (cfg.persistent, cfg.named_barriers) == (on, not on)
-  assert cfg.block_kv == 256 and not cfg.dynamic_schedule
-  assert cfg.q_regs_cols == (64 if on else 0)          # session 14: 0.989 -> 1.030x cuDNN
+  long_form = 1024 < seq_k <= 4096
+  short_form = 128 < seq_k <= 1024
+  assert (cfg.persistent, cfg.named_barriers) == (long_form or short_form, not long_form)
+  assert cfg.block_kv == (128 if short_form or seq_k <= 128 else 256)
+  assert not cfg.dynamic_schedule
+  assert cfg.q_regs_cols == (64 if long_form or short_form else 0)   # s14: 0.989 -> 1.030x
 
 
 def test_unmasked_head_dim_64_default_launches_persistent_when_compiled(launched):
@@ -140,6 +144,20 @@ def test_unmasked_head_dim_64_default_launches_persistent_when_compiled(launched
     jax.jit(fwd).trace(q, q, q, None, None, None).lower(lowering_platforms=("cuda",))
     assert launched and launched[-1].persistent == expect, (cfg, causal)
     assert not launched[-1].named_barriers or not expect
+
+
+@pytest.mark.parametrize("seq,causal", [(512, False), (1024, False), (512, True)])
+def test_short_head_dim_64_defaults_launch_persistent_when_compiled(launched, seq, causal):
+  """Session 34's short-row H = 64 forms reach the persistent launch compiled (128-key blocks:
+  named-barrier turns are allowed there), the causal one with the tile counter."""
+  q = jax.ShapeDtypeStruct((2, seq, 2, 64), jnp.bfloat16)
+  cfg = default_config(head_dim=64, seq_k=seq, masked=causal)
+  fwd = functools.partial(ops._forward, causal=causal, scale=0.125, window=None, softcap=None,
+                          cfg=cfg, hp=64, interpret=False)
+  launched.clear()
+  jax.jit(fwd).trace(q, q, q, None, None, None).lower(lowering_platforms=("cuda",))
+  st = launched[-1]
+  assert st.persistent and st.named_barriers and st.dynamic == causal
 
 
 def test_shard_map_masked_call_keeps_the_grid_without_the_counter(launched):
