@@ -426,9 +426,10 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   ``masked``: a causal / windowed call. Without such a mask the persistent launch made rows
   0-15% faster on the H200 (T = 16384 to T = 1024). With one, a static deal of tiles of very
   different lengths leaves SMs idle (5-50% slower), so masked calls take the persistent launch
-  only with the dynamic tile counter (``dynamic_schedule``), and only up to 4096 keys (measured
-  there: 6-18% faster than one CTA per tile). Only at head dim 128, and at head dim 64 with
-  129-4096 keys (see the comments below).
+  only with the dynamic tile counter (``dynamic_schedule``): 6-18% faster than one CTA per tile
+  up to 4096 keys, 1-1.5% at 8192-16384 keys (H = 128; at H = 64 it is 1% slower there, so
+  masked H = 64 calls over 4096 keys keep the grid). Only at head dims 64 and 128 (see the
+  comments below).
 
   ``key_masks``: the call carries segment ids or ``kv_lengths``; ``windowed``: it has a window
   (and is then ``masked`` too). Their compares cost registers that the H = 64 backward's
@@ -467,16 +468,20 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # persistent H = 64 forms down to 129 keys, where the grid's CTAs of one or two steps spent
   # more on their launch, Q load and pipeline fill than on the product: causal forward
   # 0.2752 -> 0.2021 ms at 16x1024x32x64 (0.72 -> 0.97x cuDNN), 0.2294 -> 0.1408 at 32x512
-  # (0.56 -> 0.91x), 0.1801 -> 0.1084 at 64x256 (0.53 -> 0.88x).
-  short = seq_k <= 4096
+  # (0.56 -> 0.91x), 0.1801 -> 0.1084 at 64x256 (0.53 -> 0.88x). Over 4096 keys the counter
+  # form was 1% slower at H = 64 (1x16384x32x64 causal 2.2043 -> 2.2272 ms) and 1.1-1.5%
+  # faster at H = 128 (1x16384x16x128 causal 1.6452 -> 1.6205, 2x8192 0.8500 -> 0.8408; H100,
+  # session 34), so masked H = 128 calls take it at every length.
+  short = seq_k <= 4096 or hp == 128
   causal_h64 = hp == 64 and masked and 128 < seq_k <= 4096
   if causal_h64:
     block_kv = 128
-  # Unmasked H = 64 rows with 1025-4096 keys: the persistent loop with 256-key blocks and the
+  # Unmasked H = 64 rows over 1024 keys: the persistent loop with 256-key blocks and the
   # consumers' turns on mbarriers (on named barriers that form hangs, see ops._forward):
   # 4x4096x32x64 1.2016 -> 1.1514 ms (cuDNN 1.1384: 0.948 -> 0.989x; H200, session 13); at
-  # 8x2048 0.5705 ms against 0.6386 with 128-key blocks (H100, session 34).
-  full_h64 = hp == 64 and not masked and 1024 < seq_k <= 4096
+  # 8x2048 0.5705 ms against 0.6386 with 128-key blocks; 1x16384x32x64 4.4652 -> 4.2804 ms
+  # (0.99 -> 1.03x cuDNN; H100, session 34).
+  full_h64 = hp == 64 and not masked and seq_k > 1024
   # Unmasked with 129-1024 keys: 128-key blocks, persistent, named-barrier turns, Q in
   # registers (H100, session 34): 16x1024x32x64 0.3701 -> 0.3187 ms (0.84 -> 0.97x cuDNN; the
   # 256-key form above 0.3180), 32x512 0.2388 -> 0.1826 (0.72 -> 0.95x; 256-key form 0.1885),
