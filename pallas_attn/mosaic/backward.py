@@ -88,6 +88,11 @@ def transposed_tile_mask(*, k_start, q_start, kv_len, qseg_ref, kv_seg, shape, s
   return _tile_mask(q_pos, k_pos, kv_len, seg_q, kv_seg, st)
 
 
+def _half_rows(half: int, rows: int):
+  """Query half ``half`` (0 or 1) of a ``rows``-query block, as a slice."""
+  return pl.ds(half * (rows // 2), rows // 2)
+
+
 def _matmul_acc(acc, a, b_ref, a_smem, *, registers: bool):
   """acc + a @ b (a: registers, bf16/f16; b: SMEM ref) with wgmma, in place when compiled."""
   if registers:
@@ -252,52 +257,66 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
     col = plgpu.Layout.WGMMA.reduce(0)
     shape = (bkv, bq)
-    kv_seg = None
+    half_shape = (bkv, bq // 2)
+    defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
+    # Masked 128-query steps as two 64-query halves (``Config.bwd_masked_halves``); not with
+    # the fused dQ (one dS^T a step), the deferred wait or P^T through SMEM.
+    halves = (st.masked_halves and bq == 128 and st.any_mask and not dq_sink and not defer
+              and not (st.registers_pv and st.pt_smem))
+    kv_seg = kv_seg_half = None
     if st.has_segments:
       plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem2.at[wg],
                               kv_ready.at[3 * wg + 2])
       plgpu.barrier_wait(kv_ready.at[3 * wg + 2])
-      kv_seg = lax.broadcast_in_dim(
-          plgpu.load(kvseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1)), shape, [0])
+      kv_seg_vec = plgpu.load(kvseg_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+      kv_seg = lax.broadcast_in_dim(kv_seg_vec, shape, [0])
+      if halves:
+        kv_seg_half = lax.broadcast_in_dim(kv_seg_vec, half_shape, [0])
     pt_smem = None if pt_smem2 is None else pt_smem2.at[wg]
     # ``st.kv_regs``: this consumer's K and / or V tile (the same for every Q block) as the
     # register A operand of S^T = K Q^T / dP^T = V dO^T (H / 2 registers a thread each), which
     # takes 16 KB a step off the SMEM reads (operands.q_operands says why that can matter).
     k_op = k_smem[...] if "k" in st.kv_regs else k_smem
     v_op = v_smem[...] if "v" in st.kv_regs else v_smem
-    defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
 
-    def row_stat(slot, which: int):
-      """lse (0) or D (1) of the step's Q block: one value per column of the transposed tile,
-      read from the stats ring (16 registers a thread)."""
-      return plgpu.load(rows_smem.at[slot, which], layout=col)
+    def row_stat(slot, which: int, half=None):
+      """lse (0) or D (1) of the step's Q block (or of query half ``half``): one value per
+      column of the transposed tile, read from the stats ring (16 registers a thread)."""
+      ref = rows_smem.at[slot, which]
+      return plgpu.load(ref if half is None else ref.at[_half_rows(half, bq)], layout=col)
 
-    def probs_t(s, i, slot, masked: bool, lse=None):
+    def probs_t(s, i, slot, masked: bool, lse=None, half=None):
       """k.q (transposed tile) -> (P^T, G^T): P^T is exactly 0 where the mask hides a logit,
       and G^T is the factor of dS^T = G^T (dP^T - D): P^T, or with a softcap P^T (1 - t^2)
       formed here, so that tanh's tile t does not stay live until dS^T (32 registers a
       thread: the causal softcap consumer spilled 652 bytes with it; NOTES, session 28).
-      ``lse``: the step's lse when already read (``st.early_stats``)."""
+      ``lse``: the step's lse when already read (``st.early_stats``). ``half``: the tile is
+      query half 0 or 1 of the step (``st.masked_halves``)."""
+      tshape = shape if half is None else half_shape
       s2, t = _logits2(s, st)
-      lse = row_stat(slot, 0) if lse is None else lse
-      lse2 = lax.broadcast_in_dim(lse, shape, [1])
+      lse = row_stat(slot, 0, half) if lse is None else lse
+      lse2 = lax.broadcast_in_dim(lse, tshape, [1])
       pt = jnp.exp2(s2 - lse2)
       if masked:
-        mask = transposed_tile_mask(k_start=k_start, q_start=i * bq, kv_len=kv_len,
-                                    qseg_ref=qseg_smem.at[slot] if st.has_segments else None,
-                                    kv_seg=kv_seg, shape=shape, st=st)
+        qseg_ref = qseg_smem.at[slot] if st.has_segments else None
+        if half is not None and qseg_ref is not None:
+          qseg_ref = qseg_ref.at[_half_rows(half, bq)]
+        mask = transposed_tile_mask(
+            k_start=k_start, q_start=i * bq + (0 if half is None else half * (bq // 2)),
+            kv_len=kv_len, qseg_ref=qseg_ref, kv_seg=kv_seg if half is None else kv_seg_half,
+            shape=tshape, st=st)
         pt = jnp.where(mask, pt, 0.0)
       return pt, (pt if t is None else pt * (1.0 - t * t))
 
-    def grad_logits_t(gt, dpt, slot, delta=None):
+    def grad_logits_t(gt, dpt, slot, delta=None, half=None):
       """dS^T = G^T (dP^T - D) in the matmul dtype. D (16 registers a thread as a column
       broadcast) is read from SMEM here, after dP^T, rather than beside lse: live across the
       dV issue it pushed the consumer over its registers. And no mask: G^T is already 0
       wherever it would hide dS^T (dP^T and D are finite). Both cut ptxas's spills at H = 128
       (1x1024x2x128, CUDA 13.0): full 52 -> 16 bytes, causal 456 -> 164 (NOTES, session 28).
       ``delta``: D when already read (``st.early_stats``)."""
-      delta = row_stat(slot, 1) if delta is None else delta
-      delta = lax.broadcast_in_dim(delta, shape, [1])
+      delta = row_stat(slot, 1, half) if delta is None else delta
+      delta = lax.broadcast_in_dim(delta, shape if half is None else half_shape, [1])
       return _grad_logits(gt, dpt, delta, None, None, k_smem.dtype)
 
     def wait_inputs(slot):
@@ -312,6 +331,20 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       refill(base + n * per_head + (i - lo))
       slot = lax.rem(base + n * per_head + (i - lo), stages)
       wait_inputs(slot)
+      if masked and halves:
+        plgpu.barrier_wait(do_ready.at[slot])
+        staging = pt_smem.at[:, pl.ds(0, bq // 2)]
+        for h in range(2):
+          q_h, do_h = (r.at[slot, _half_rows(h, bq)] for r in (q_smem, do_smem))
+          pt, gt = probs_t(_product(k_smem, q_h.transpose((1, 0)), half_shape), i, slot,
+                           True, half=h)
+          dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_h, staging, registers=False)
+          dpt = _product(v_smem, do_h.transpose((1, 0)), half_shape)
+          dst = grad_logits_t(gt, dpt, slot, half=h)
+          dk = _matmul_acc(dk, dst, q_h, staging, registers=False)
+        release_do(slot)
+        release_q(slot)
+        return dk, dv
       pt, gt = probs_t(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot,
                        masked)
       plgpu.barrier_wait(do_ready.at[slot])
@@ -371,6 +404,29 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           delta = row_stat(slot, 1)
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
         return grad_logits_t(gt, dpt, slot, delta)
+      if masked and halves:
+        # Two 64-query halves (``st.masked_halves``): the 64-wide kernel's step twice, so the
+        # masked steps need the registers of that kernel (S^T, dP^T [64, 64], not [64, 128]).
+        refill(step_no)
+        for h in range(2):
+          q_h, do_h = (r.at[slot, _half_rows(h, bq)] for r in (q_smem, do_smem))
+
+          def half_scores(s_acc, dp_acc, h=h, q_h=q_h, do_h=do_h):
+            plgpu.wgmma(s_acc, k_op, q_h.transpose((1, 0)))
+            plgpu.wgmma(dp_acc, v_op, do_h.transpose((1, 0)))
+            # (half 1: waits for half 0's dK as well, the last reader of its dS^T registers)
+            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
+            pt, gt = probs_t(s, i, slot, True, half=h)
+            plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_h)
+            dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
+            return grad_logits_t(gt, dpt, slot, half=h)
+          acc = plgpu.ACC(half_shape, jnp.float32)
+          plgpu.wgmma(dk_acc, pl.run_scoped(half_scores, acc, acc), q_h)
+        plgpu.wgmma_wait(1)                     # dV done: dO's slot can be refilled
+        release_do(slot)
+        plgpu.wgmma_wait(0)
+        release_q(slot)
+        return accs
       acc = plgpu.ACC(shape, jnp.float32)
       dst = pl.run_scoped(scores, acc, acc)
       issue_dk = lambda: plgpu.wgmma(dk_acc, dst, q_smem.at[slot])

@@ -283,6 +283,14 @@ class Config:
       dV's register-operand wgmmas, and that kernel was 10% slower than with "lse" alone
       (H100, session 31), where the persistent one was 4% faster. Untimed; the split kernel
       (H > 128) treats it as "lse+delta".
+    bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
+      128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
+      runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]
+      tiles, so the masked steps need no more registers than the 64-wide kernel while the
+      mask-free steps stay 128 wide. ptxas (offline, causal 1x4096x2x64, 240 registers): the
+      dK/dV kernel spills 368 B with masked 128-query steps and 0 B with the masked steps
+      removed altogether (session 34). Not with the fused dQ, ``bwd_defer_wait`` or
+      ``bwd_pt_smem`` (ignored there). Off (untimed).
     bwd_self_fed: the grid dK/dV kernel is launched with its two consumer warpgroups only, and
       consumer 0 fills the Q / dO / stats ring itself (``backward.dkdv_kernel``): without the
       producer's share of the register file, ptxas may give each consumer thread up to 255
@@ -348,6 +356,7 @@ class Config:
   bwd_dq_serial: bool = False
   bwd_dkdv_regs: str = ""
   bwd_early_stats: str = ""
+  bwd_masked_halves: bool = False
   bwd_self_fed: bool = False
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False
