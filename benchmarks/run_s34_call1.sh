@@ -3,8 +3,8 @@
 # backward's 128-wide pair where the default still takes 64-wide steps (rows under 1024 keys
 # and windowed calls), both timing orders, cuDNN in the same process.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
+source benchmarks/device_helpers.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$gpu"
-mkdir -p "$OUT/keep"
 if [[ "$gpu" == *H200* ]]; then
   bash benchmarks/run_s32_call1.sh a
   cp "$OUT/fwdbwd_a/attention.json" "$OUT/keep/fwdbwd_a_h200.json" 2>/dev/null
@@ -12,18 +12,12 @@ if [[ "$gpu" == *H200* ]]; then
   exit 0
 fi
 W="bwd_dkdv_block_q=128,bwd_dq_block_kv=128,bwd_early_stats="
-run() {  # name, seconds, args...
-  local name=$1 secs=$2; shift 2
-  timeout -k 5 "$secs" python3 benchmarks/bwd_breakdown.py --peers cudnn --budget-s "$secs" \
-      --out "$OUT/$name" "$@" 2>&1 | grep -i " ms\|rror" | cut -c1-300 | sed "s/^/$name /"
-  cp "$OUT/$name/bwd_breakdown.json" "$OUT/keep/$name.json" 2>/dev/null; rm -rf "${OUT:?}/$name"
-}
 for order in first last; do
   extra=(); [ "$order" = last ] && extra=(--ours-last)
-  run "f512_$order" 100 --rows 32x512x32x64 --causal 0 "${extra[@]}" \
+  breakdown "f512_$order" 100 --rows 32x512x32x64 --causal 0 "${extra[@]}" \
       --variant "w:$W,bwd_registers=240" --variant "wg:$W,bwd_registers=240,bwd_persistent=False"
-  run "c512_$order" 100 --rows 32x512x32x64 --causal 1 "${extra[@]}" \
+  breakdown "c512_$order" 100 --rows 32x512x32x64 --causal 1 "${extra[@]}" \
       --variant "cw240:$W,bwd_registers=240" --variant "c240:bwd_registers=240"
 done
-run win_first 110 --rows 4x4096x32x64 --causal 1 --window 512 \
+breakdown win_first 110 --rows 4x4096x32x64 --causal 1 --window 512 \
     --variant "r240:bwd_registers=240" --variant "win240:$W,bwd_registers=240"

@@ -4,26 +4,23 @@
 # 128-query tile (4096 CTAs of two 256-key steps); the persistent forms of the 1025-4096-key
 # rows are tried there and at 1024 keys, and the H = 128 default at 512 keys is timed.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
+source benchmarks/device_helpers.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 P="persistent=True,named_barriers=False"
 C="block_kv=128,persistent=True,dynamic_schedule=True"
-one() {  # shape, causal flag ("" or --causal), fields
-  timeout -k 5 75 python3 benchmarks/mosaic_one.py --shape "$1" $2 --fields "$3" --cudnn \
-      --out "$OUT/one.jsonl" 2>&1 | grep "cudnn:\|rror" | cut -c1-160 | sed "s|^|$1 $2 [$3] |"
-}
-one 32x512x32x64 "" ""
-one 32x512x32x64 "" "$P,q_regs_cols=64"
-one 32x512x32x64 "" "$P"
-one 32x512x32x64 "" "block_kv=128"
-one 32x512x32x64 "" "block_kv=128,persistent=True,q_regs_cols=64"
-one 32x512x32x64 --causal ""
-one 32x512x32x64 --causal "$C,q_regs_cols=64"
-one 32x512x32x64 --causal "$C"
-one 32x512x32x64 --causal "block_kv=128"
-one 16x1024x32x64 "" ""
-one 16x1024x32x64 "" "$P,q_regs_cols=64"
-one 16x1024x32x64 --causal ""
-one 16x1024x32x64 --causal "$C,q_regs_cols=64"
-one 32x512x16x128 "" ""
-one 32x512x16x128 --causal ""
+one_fwd 32x512x32x64 "" ""
+one_fwd 32x512x32x64 "" "$P,q_regs_cols=64"
+one_fwd 32x512x32x64 "" "$P"
+one_fwd 32x512x32x64 "" "block_kv=128"
+one_fwd 32x512x32x64 "" "block_kv=128,persistent=True,q_regs_cols=64"
+one_fwd 32x512x32x64 --causal ""
+one_fwd 32x512x32x64 --causal "$C,q_regs_cols=64"
+one_fwd 32x512x32x64 --causal "$C"
+one_fwd 32x512x32x64 --causal "block_kv=128"
+one_fwd 16x1024x32x64 "" ""
+one_fwd 16x1024x32x64 "" "$P,q_regs_cols=64"
+one_fwd 16x1024x32x64 --causal ""
+one_fwd 16x1024x32x64 --causal "$C,q_regs_cols=64"
+one_fwd 32x512x16x128 "" ""
+one_fwd 32x512x16x128 --causal ""
 mkdir -p "$OUT/keep"; mv "$OUT/one.jsonl" "$OUT/keep/" 2>/dev/null
