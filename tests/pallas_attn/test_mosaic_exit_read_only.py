@@ -23,9 +23,10 @@ def _bulk_waits(cfg, h):
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="compiled runs lower it for real")
 @pytest.mark.parametrize("h", [64, 256])
 def test_last_store_wait_reads_only(h):
-  # (the persistent backward kernels, default up to 1024 keys, wait read-only inside their loop)
+  # (the persistent kernels, default up to 1024 keys (backward; the H = 64 forward from 129
+  # keys), wait read-only inside their loop)
   base = dataclasses.replace(default_config(head_dim=h, seq_k=1024, masked=False),
-                             bwd_persistent=False)
+                             persistent=False, bwd_persistent=False)
   full = _bulk_waits(base, h)
   read = _bulk_waits(dataclasses.replace(base, exit_read_only=True), h)
   assert len(full) == len(read) == 3                     # forward, dQ, dK/dV
