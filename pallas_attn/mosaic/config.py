@@ -464,13 +464,11 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # in the grid's launch order (batch slowest, heaviest rank first, head fastest): causal
   # forward 0.1707 -> 0.1442 ms at 16x1024x16x128 and 0.4535 -> 0.4281 at 4x4096x16x128 (cuDNN
   # 0.1524 / 0.4632; H200, session 7). Longer causal rows were 1.4% slower with the counter in
-  # the older, L2-hostile order and are not yet re-measured: they keep the grid.
-  # Other head dims keep one CTA per tile, with one measured exception. The persistent loop
-  # with 256-key blocks hangs compiled (H = 64, session 8; ops._forward runs the grid then), and
-  # with 128-key blocks it is no faster than the grid with 256 on the unmasked H = 64 row. On
-  # the causal 4x4096x32x64 row, 128-key blocks with the dynamic tile counter made the forward
-  # 0.6708 -> 0.6222 ms (cuDNN 0.6295, 1.012x; H200, session 12). Measured at 4096 keys only,
-  # so shorter key sequences (whose compiled grid tests ran the grid) keep the grid until timed.
+  # the older, L2-hostile order; re-measured in session 34 (below).
+  # Other head dims keep one CTA per tile, with H = 64 the exception. The persistent loop with
+  # 256-key blocks hangs compiled with named-barrier turns (H = 64, session 8; ops._forward
+  # runs the grid then). On the causal 4x4096x32x64 row, 128-key blocks with the dynamic tile
+  # counter made the forward 0.6708 -> 0.6222 ms (cuDNN 0.6295, 1.012x; H200, session 12).
   # At H = 256 a persistent request now runs, with O stored in 64-column chunks (ops._forward;
   # before session 12 it ran the grid); it has not been measured, so it is not a default there.
   # Session 34 (H100, one config per process, cuDNN's forward on the same inputs) took the
@@ -481,7 +479,6 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # form was 1% slower at H = 64 (1x16384x32x64 causal 2.2043 -> 2.2272 ms) and 1.1-1.5%
   # faster at H = 128 (1x16384x16x128 causal 1.6452 -> 1.6205, 2x8192 0.8500 -> 0.8408; H100,
   # session 34), so masked H = 128 calls take it at every length.
-  short = seq_k <= 4096 or hp == 128
   causal_h64 = hp == 64 and masked and 128 < seq_k <= 4096
   if causal_h64:
     block_kv = 128
@@ -585,8 +582,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=registers,
-                persistent=persistent_ok and (not masked or short) and not three,
-                dynamic_schedule=persistent_ok and masked and short,
+                persistent=persistent_ok and not three,
+                dynamic_schedule=persistent_ok and masked,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
                 q_regs_cols=64 if (full_h64 or causal_h64 or short_h64) else 0,
                 bwd_dq_regs=not wide,
