@@ -326,36 +326,28 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         plgpu.barrier_wait(rows_ready.at[stages + slot])   # every phase, masked step or not
 
     def step(n, i, carry, masked: bool):
-      """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM."""
+      """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM
+      (a masked step with ``halves``: each 64-query half in turn)."""
       dk, dv = carry
       refill(base + n * per_head + (i - lo))
       slot = lax.rem(base + n * per_head + (i - lo), stages)
       wait_inputs(slot)
-      if masked and halves:
-        plgpu.barrier_wait(do_ready.at[slot])
-        staging = pt_smem.at[:, pl.ds(0, bq // 2)]
-        for h in range(2):
-          q_h, do_h = (r.at[slot, _half_rows(h, bq)] for r in (q_smem, do_smem))
-          pt, gt = probs_t(_product(k_smem, q_h.transpose((1, 0)), half_shape), i, slot,
-                           True, half=h)
-          dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_h, staging, registers=False)
-          dpt = _product(v_smem, do_h.transpose((1, 0)), half_shape)
-          dst = grad_logits_t(gt, dpt, slot, half=h)
-          dk = _matmul_acc(dk, dst, q_h, staging, registers=False)
-        release_do(slot)
-        release_q(slot)
-        return dk, dv
-      pt, gt = probs_t(_product(k_smem, q_smem.at[slot].transpose((1, 0)), shape), i, slot,
-                       masked)
-      plgpu.barrier_wait(do_ready.at[slot])
-      dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_smem.at[slot], pt_smem,
-                       registers=st.registers_pv)
-      dpt = _product(v_smem, do_smem.at[slot].transpose((1, 0)), shape)
-      release_do(slot)
-      dst = grad_logits_t(gt, dpt, slot)
-      dk = _matmul_acc(dk, dst, q_smem.at[slot], pt_smem, registers=st.registers_pv)
-      if fdq is not None:
-        fdq.step(n * per_head + (i - lo), dst)
+      for h in ((0, 1) if masked and halves else (None,)):
+        q_op, do_op = (r.at[slot] if h is None else r.at[slot, _half_rows(h, bq)]
+                       for r in (q_smem, do_smem))
+        staging = pt_smem if h is None else pt_smem.at[:, _half_rows(0, bq)]
+        pt, gt = probs_t(_product(k_smem, q_op.transpose((1, 0)),
+                                  shape if h is None else half_shape), i, slot, masked, half=h)
+        if h != 1:
+          plgpu.barrier_wait(do_ready.at[slot])
+        dv = _matmul_acc(dv, pt.astype(k_smem.dtype), do_op, staging, registers=st.registers_pv)
+        dpt = _product(v_smem, do_op.transpose((1, 0)), shape if h is None else half_shape)
+        if h != 0:
+          release_do(slot)
+        dst = grad_logits_t(gt, dpt, slot, half=h)
+        dk = _matmul_acc(dk, dst, q_op, staging, registers=st.registers_pv)
+        if fdq is not None:
+          fdq.step(n * per_head + (i - lo), dst)
       release_q(slot)
       return dk, dv
 
@@ -370,10 +362,12 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
 
-      def scores(s_acc, dp_acc):
-        plgpu.wgmma(s_acc, k_op, q_smem.at[slot].transpose((1, 0)))
-        plgpu.wgmma(dp_acc, v_op, do_smem.at[slot].transpose((1, 0)))
-        if not defer:
+      def scores(s_acc, dp_acc, half=None):
+        """S^T, P^T, dV's issue, dP^T -> dS^T of the step, or of its query half ``half``."""
+        q_op, do_op = operands(half)
+        plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
+        plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
+        if not defer and half != 1:
           refill(step_no)             # (self-fed) while this step's S^T and dP^T run
         # ``st.early_stats``: lse read while S^T is in flight. Read after the wait, each
         # shared-memory load sat in front of its first use and the consumer stalled on it (the
@@ -381,11 +375,12 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         # Nsight Compute, session 30), queued behind the wgmmas' own operand reads.
         early = "" if masked else st.early_stats
         lse = row_stat(slot, 0) if "lse" in early else None
+        # (half 1: waits for half 0's dK as well, the last reader of its dS^T registers)
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
           refill(step_no)             # (self-fed) after this consumer's own release of s - 1
-        pt, gt = probs_t(s, i, slot, masked, lse)
+        pt, gt = probs_t(s, i, slot, masked, lse, half)
         # "lse+delta_early": D read before dV's wgmma is issued. Read after it, ptxas put the
         # loads between dV's register-operand wgmmas (offline SASS, H = 128, session 31).
         delta = row_stat(slot, 1) if early == "lse+delta_early" else None
@@ -396,32 +391,26 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           # step's dV wgmma, the last reader of this tile, was retired before S^T was loaded.
           pt_smem[...] = pt.astype(k_smem.dtype)
           plgpu.commit_smem()
-          plgpu.wgmma(dv_acc, pt_smem, do_smem.at[slot])
+          plgpu.wgmma(dv_acc, pt_smem, do_op)
         else:
-          plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_smem.at[slot])
+          plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_op)
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
         if delta is None and "delta" in early:
           delta = row_stat(slot, 1)
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
-        return grad_logits_t(gt, dpt, slot, delta)
+        return grad_logits_t(gt, dpt, slot, delta, half)
+
+      def operands(half):
+        """The step's Q and dO tiles, or their query half ``half``."""
+        return tuple(r.at[slot] if half is None else r.at[slot, _half_rows(half, bq)]
+                     for r in (q_smem, do_smem))
       if masked and halves:
         # Two 64-query halves (``st.masked_halves``): the 64-wide kernel's step twice, so the
         # masked steps need the registers of that kernel (S^T, dP^T [64, 64], not [64, 128]).
-        refill(step_no)
         for h in range(2):
-          q_h, do_h = (r.at[slot, _half_rows(h, bq)] for r in (q_smem, do_smem))
-
-          def half_scores(s_acc, dp_acc, h=h, q_h=q_h, do_h=do_h):
-            plgpu.wgmma(s_acc, k_op, q_h.transpose((1, 0)))
-            plgpu.wgmma(dp_acc, v_op, do_h.transpose((1, 0)))
-            # (half 1: waits for half 0's dK as well, the last reader of its dS^T registers)
-            s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
-            pt, gt = probs_t(s, i, slot, True, half=h)
-            plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_h)
-            dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
-            return grad_logits_t(gt, dpt, slot, half=h)
           acc = plgpu.ACC(half_shape, jnp.float32)
-          plgpu.wgmma(dk_acc, pl.run_scoped(half_scores, acc, acc), q_h)
+          dst = pl.run_scoped(functools.partial(scores, half=h), acc, acc)
+          plgpu.wgmma(dk_acc, dst, operands(h)[0])
         plgpu.wgmma_wait(1)                     # dV done: dO's slot can be refilled
         release_do(slot)
         plgpu.wgmma_wait(0)

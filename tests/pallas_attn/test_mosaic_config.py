@@ -63,11 +63,10 @@ def test_default_config_flags_by_mask(masked, seq_k):
   1x16384x16x128 causal 1.6452 -> 1.6205 ms); unmasked calls run persistent without those
   flags."""
   cfg = default_config(head_dim=128, seq_k=seq_k, masked=masked)
-  short = True
   three = not masked and seq_k >= 16384               # the grid with three consumers (below)
   assert (cfg.pin_softmax, cfg.named_free) == (masked, masked)
-  assert cfg.persistent == ((not masked or short) and not three)
-  assert cfg.dynamic_schedule == (masked and short)
+  assert cfg.persistent == (not three)
+  assert cfg.dynamic_schedule == masked
   assert not cfg.bwd_fused_dq                                     # measured slower: opt-in
   assert cfg.bwd_dq_regs and cfg.q_regs_cols == 0                 # session 14
 
