@@ -39,7 +39,7 @@ def test_bad_value_raises():
 @pytest.mark.parametrize("seq_k,masked,key_masks,want", [
     (4096, False, False, (128, 128, "")),          # H100 session 32: fwd+bwd 0.92 -> 0.99x cuDNN
     (16384, False, False, (128, 128, "")),
-    (4096, True, False, (128, 128, "")),           # causal: -2..-3% dK/dV (session 32)
+    (4096, True, False, (128, 128, "")),           # causal: -2..-3% dK/dV (s32), halves (s35)
     (4096, False, True, (128, 128, "")),           # kv_lengths: 0.913 -> 0.99x (session 33)
     (4000, False, False, (128, 128, "")),          # keys padded to 128: masked, as kv_lengths
     (4096, True, True, (128, 128, "")),            # causal + kv_lengths: 0.96 -> 1.02x
@@ -53,11 +53,12 @@ def test_bad_value_raises():
 def test_default_config_h64_steps(seq_k, masked, key_masks, want):
   cfg = default_config(head_dim=64, seq_k=seq_k, masked=masked, key_masks=key_masks)
   assert (cfg.bwd_dkdv_block_q, cfg.bwd_dq_block_kv, cfg.bwd_early_stats) == want
-  # Key masks (or padded keys on unmasked rows), and 1024-key rows: 240 registers in both
-  # kernels (0 B spilled offline; ~100 B at 232 unmasked with key masks, 48 B at 1024; causal:
-  # the dQ kernel 344 B at 232).
-  keyed = want[0] == 128 and (key_masks or (not masked and seq_k % 128) or seq_k <= 1024)
+  # Key masks (or padded keys on unmasked rows), 1024-key rows and causal calls (with masked
+  # halves, session 35): 240 registers in both kernels (0 B spilled offline; ~100 B at 232
+  # unmasked with key masks, 48 B at 1024; causal: the dK/dV kernel 484 B at 232).
+  keyed = want[0] == 128 and (masked or key_masks or seq_k % 128 or seq_k <= 1024)
   assert cfg.bwd_registers == (240 if keyed else 232)
+  assert cfg.bwd_masked_halves == (want[0] == 128 and masked)
   assert default_config(head_dim=128, seq_k=seq_k, masked=masked).bwd_dkdv_block_q == 0
 
 

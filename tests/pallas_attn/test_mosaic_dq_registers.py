@@ -1,10 +1,9 @@
 """``Config.bwd_dq_registers``: the dQ kernel's consumer registers apart from the dK/dV kernel's,
-and the causal H = 64 default that uses it (128-key dQ steps at 240 registers, 128-query dK/dV
-steps at 232).
+and the causal H = 64 default (128-key dQ steps, 128-query dK/dV steps with masked halves, both
+kernels at 240 registers since session 35; before it the dQ kernel alone took 240).
 
-Checked here: the statics each kernel gets, the field's validation, which calls take the
-default (not windowed or key-masked ones, where ptxas spills), and compiled gradients against
-the reference."""
+Checked here: the statics each kernel gets, the field's validation, which calls take which
+registers by default, and compiled gradients of the causal default against the reference."""
 import jax
 import jax.numpy as jnp
 import pytest
@@ -32,16 +31,21 @@ def test_bad_value_raises():
 
 
 @pytest.mark.parametrize("kw,want", [
-    (dict(masked=True), (128, 240)),                       # H100 session 32: dQ kernel -5%
-    (dict(masked=True, windowed=True), (64, 0)),           # dQ 208 B spilled (ptxas offline)
-    (dict(masked=True, key_masks=True), (128, 0)),         # 240 for both (bwd_registers)
-    (dict(masked=False, key_masks=True), (128, 0)),        # 240 for both: bwd_registers
-    (dict(masked=False), (128, 0))])                       # the unmasked pair, 232 for both
+    # (dQ keys a step, bwd_registers, bwd_dq_registers, bwd_masked_halves)
+    (dict(masked=True), (128, 240, 0, True)),               # H100 session 35: the halves
+    (dict(masked=True, windowed=True), (128, 240, 0, True)),  # session 35: 0 B spilled at 240
+    (dict(masked=True, key_masks=True), (128, 240, 0, True)),
+    (dict(masked=False, key_masks=True), (128, 240, 0, False)),
+    (dict(masked=False), (128, 232, 0, False))])            # the unmasked pair, 232 for both
 def test_default_config(kw, want):
   cfg = default_config(head_dim=64, seq_k=4096, **kw)
-  assert (cfg.bwd_dq_block_kv, cfg.bwd_dq_registers) == want
-  assert cfg.bwd_dkdv_block_q == (128 if want[0] == 128 else 0)     # with 128-query dK/dV
-  assert default_config(head_dim=64, seq_k=1024, masked=True).bwd_dq_registers == 0
+  got = (cfg.bwd_dq_block_kv, cfg.bwd_registers, cfg.bwd_dq_registers, cfg.bwd_masked_halves)
+  assert got == want
+  assert cfg.bwd_dkdv_block_q == 128                                 # with 128-query dK/dV
+  # Under 1024 keys masked calls keep the 64-wide steps; no default sets bwd_dq_registers
+  # since session 35 (the causal pair takes 240 for both kernels).
+  short = default_config(head_dim=64, seq_k=512, masked=True)
+  assert (short.bwd_dkdv_block_q, short.bwd_masked_halves) == (0, False)
   assert default_config(head_dim=128, seq_k=4096, masked=True).bwd_dq_registers == 0
 
 
@@ -60,5 +64,6 @@ def test_causal_default_in_interpret_mode():
 def test_causal_default_compiled(case):
   if jax.default_backend() != "gpu":
     pytest.skip("needs the GPU")
-  assert default_config(head_dim=64, seq_k=case.s, masked=True).bwd_dq_registers == 240
+  cfg = default_config(head_dim=64, seq_k=case.s, masked=True)
+  assert (cfg.bwd_dq_block_kv, cfg.bwd_registers, cfg.bwd_masked_halves) == (128, 240, True)
   H.check_mosaic_default_with(case)

@@ -77,16 +77,17 @@ def test_stats_loads_move_before_the_waits(h):
     (128, 4096, False, "lse"),          # the unmasked grid kernel at 240 registers
     (128, 1024, False, "lse+delta"),    # the persistent dK/dV kernel
     (128, 4096, True, "lse+delta"),
-    (64, 4096, True, ""),               # causal too (windowed: "lse+delta")
+    (64, 4096, True, ""),               # causal and windowed too (session 35)
     (64, 4096, False, ""),              # 128-query dK/dV steps instead (session 32)
     (256, 4096, True, "lse+delta")])
 def test_default_config_reads_early(h, seq_k, masked, want):
   # H100, session 31 (benchmarks/NOTES.md): the dK/dV kernel 1-16% faster with these.
   assert default_config(head_dim=h, seq_k=seq_k, masked=masked).bwd_early_stats == want
-  if h == 64:     # the 64-wide steps of windowed calls keep reading early; key-masked calls
-    # take the 128-wide steps since session 33
+  if h == 64:     # windowed calls take the 128-wide steps since session 35, key-masked ones
+    # since session 33; the 64-wide steps under 1024 keys keep reading early
     assert default_config(head_dim=h, seq_k=seq_k, windowed=True,
-                          masked=True).bwd_early_stats == "lse+delta"
+                          masked=True).bwd_early_stats == ""
+    assert default_config(head_dim=h, seq_k=512, masked=True).bwd_early_stats == "lse+delta"
     assert default_config(head_dim=h, seq_k=seq_k, masked=masked,
                           key_masks=True).bwd_early_stats == ""
 
