@@ -38,14 +38,14 @@ class Config:
       queries a step halves them; ptxas (offline) spills nothing at H = 64 without
       ``bwd_early_stats`` and 16 B with "lse" at 240 registers, where the dQ kernel with
       128-row blocks would spill and serialise its wgmmas (C7512). 128 by default at H = 64
-      from 1024 keys (default_config; dK/dV 12% faster unmasked, 2-3% causal, H100 session
+      from 512 keys (default_config; dK/dV 12% faster unmasked, 2-3% causal, H100 session
       32; with a window or a causal mask together with ``bwd_masked_halves``, session 35).
     bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
-      take 128 where the dK/dV kernel, with two, cannot). 128 by default at H = 64 from 1024
-      keys, as ``bwd_dkdv_block_q`` (the dQ kernel 4-7% faster at 4x4096x32x64, H100 session
-      32).
+      take 128 where the dK/dV kernel, with two, cannot). 128 by default at H = 64 from 512
+      keys without a window, as ``bwd_dkdv_block_q`` (the dQ kernel 4-7% faster at
+      4x4096x32x64, H100 session 32; with a window it spills, session 35).
     bwd_fused_dq: dQ from the dK/dV kernel (FA3 Section 3.3) instead of a separate dQ kernel
       that recomputes S and dP: 5 matmuls per block instead of 7, paid for with a float32 dQ
       partial per (Q block, K/V tile) added into a global accumulator by TMA reductions.
@@ -290,8 +290,8 @@ class Config:
       mask-free steps stay 128 wide. ptxas (offline, causal 1x4096x2x64, 240 registers): the
       dK/dV kernel spills 368 B with masked 128-query steps and 0 B with the masked steps
       removed altogether (session 34). Not with the fused dQ, ``bwd_defer_wait`` or
-      ``bwd_pt_smem`` (ignored there). Default for causal and windowed H = 64 calls with the
-      128-wide pair (session 35, ``default_config``).
+      ``bwd_pt_smem`` (ignored there). Default for causal and windowed H = 64 calls from 512
+      keys without key masks (session 35, ``default_config``).
     bwd_self_fed: the grid dK/dV kernel is launched with its two consumer warpgroups only, and
       consumer 0 fills the Q / dO / stats ring itself (``backward.dkdv_kernel``): without the
       producer's share of the register file, ptxas may give each consumer thread up to 255
@@ -443,8 +443,7 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
 
   ``key_masks``: the call carries segment ids or ``kv_lengths`` (the H = 64 backward then
   gives both kernels 240 registers for the compares); ``windowed``: it has a window (and is
-  then ``masked`` too). Since session 35 a window changes no default beyond ``masked``; the
-  flag stays so that callers state it and tuning can tell the two apart.
+  then ``masked`` too; the H = 64 dQ kernel then keeps 64-key steps).
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
@@ -570,22 +569,32 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   #   rows are not timed and keep the 64-wide steps (H100, session 33).
   # - 512 keys unmasked, both kernels at 240 (0 B spilled offline), the dK/dV kernel
   #   persistent: 32x512x32x64 0.806 / 0.803 -> 0.704 / 0.705 ms (1.06 -> 1.21x cuDNN; in the
-  #   grid 0.821). Causal at 512 keys the pair measured 1-2% slower (its masked diagonal steps
-  #   spill 368 B), so masked calls keep 64-wide steps under 1024 keys (H100, session 34).
-  # - causal and windowed calls from 1024 keys: the masked 128-query dK/dV steps as two
+  #   grid 0.821). Causal at 512 keys the pair alone measured 1-2% slower (its masked diagonal
+  #   steps spill 368 B; H100, session 34); with the halves below it is faster.
+  # - causal and windowed calls from 512 keys: the masked 128-query dK/dV steps as two
   #   64-query halves (bwd_masked_halves; offline the causal dK/dV kernel then spills 0 B at 240
-  #   against 368 B whole, 484 B at 232), both kernels at 240. Both orders, fwd+bwd ms
-  #   (cuDNN): causal 4x4096x32x64 2.480 / 2.457 -> 2.408 / 2.417 (0.98-0.99 -> 1.01x; dK/dV
-  #   1.054 -> 0.996), 1x16384x32x64 9.222 / 9.046 -> 8.381 / 8.385 (0.95 -> 1.03-1.04x; dK/dV
-  #   3.92 -> 3.42), 16x1024x32x64 0.918 -> 0.895 (1.02 -> 1.05x); with window (512, 0) at
-  #   4x4096 (where the whole pair was 1.3% slower than 64-wide steps) 1.009 -> 0.992 (1.02
-  #   -> 1.04x). The halves at 232 registers: 2.52-2.54 ms, slower than the default (H100,
-  #   session 35).
-  h64_wide = hp == 64 and (seq_k >= PERSISTENT_BWD_KEYS or (not masked and seq_k >= 512))
+  #   against 368 B whole, 484 B at 232), both kernels at 240. fwd+bwd ms (cuDNN), both orders
+  #   where two are given: causal 4x4096x32x64 2.480 / 2.457 -> 2.408 / 2.417 (0.98-0.99 ->
+  #   1.01x; dK/dV 1.054 -> 0.996), 1x16384x32x64 9.222 / 9.046 -> 8.381 / 8.385 (0.95 ->
+  #   1.03-1.04x; dK/dV 3.92 -> 3.42), 16x1024x32x64 0.918 -> 0.895 (1.02 -> 1.05x),
+  #   32x512x32x64 (64-wide steps before) 0.697 / 0.691 -> 0.680 / 0.682 (1.00-1.01 -> 1.02x,
+  #   gradients bitwise the same). The halves at 232 registers: 2.52-2.54 ms at 4x4096, slower
+  #   than without them (H100, session 35).
+  # - windowed calls (64-wide steps before): the same dK/dV form with 64-key dQ steps (128-key
+  #   ones spill 208 B in the dQ kernel, offline): 1x16384x32x64 window (1024, 0) 1.716 ->
+  #   1.575 ms (0.90 -> 0.98x cuDNN; with 128-key dQ steps 1.592), 4x4096 window (512, 0)
+  #   1.009 -> 0.992 with 128-key dQ steps (H100, session 35).
+  # - causal with key masks (no window) keeps session 33's form, the pair without halves from
+  #   1024 keys: with them 1.0-1.1% slower at 4x4096x32x64 with kv_lengths (2.507 / 2.494 ->
+  #   2.521 / 2.520, both orders; session 35); under 1024 keys 64-wide steps (the pair alone
+  #   was slower at 512 causal keys, sessions 34-35).
+  causal_keyed = masked and key_masks and not windowed
+  h64_wide = hp == 64 and (seq_k >= PERSISTENT_BWD_KEYS or (seq_k >= 512 and not causal_keyed))
   if h64_wide:
     early_stats = ""
     if masked or key_masks or seq_k % 128 or seq_k <= PERSISTENT_BWD_KEYS:
       registers = 240
+  halves = h64_wide and masked and not causal_keyed
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
@@ -596,5 +605,6 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 q_regs_cols=64 if (full_h64 or causal_h64 or short_h64) else 0,
                 bwd_dq_regs=not wide,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
-                bwd_dkdv_block_q=128 if h64_wide else 0, bwd_dq_block_kv=128 if h64_wide else 64,
-                bwd_masked_halves=h64_wide and masked)
+                bwd_dkdv_block_q=128 if h64_wide else 0,
+                bwd_dq_block_kv=128 if h64_wide and not windowed else 64,
+                bwd_masked_halves=halves)

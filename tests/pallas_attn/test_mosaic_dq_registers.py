@@ -33,8 +33,9 @@ def test_bad_value_raises():
 @pytest.mark.parametrize("kw,want", [
     # (dQ keys a step, bwd_registers, bwd_dq_registers, bwd_masked_halves)
     (dict(masked=True), (128, 240, 0, True)),               # H100 session 35: the halves
-    (dict(masked=True, windowed=True), (128, 240, 0, True)),  # session 35: 0 B spilled at 240
-    (dict(masked=True, key_masks=True), (128, 240, 0, True)),
+    (dict(masked=True, windowed=True), (64, 240, 0, True)),   # dQ 208 B spilled with 128 keys
+    (dict(masked=True, key_masks=True), (128, 240, 0, False)),  # halves 1% slower (s35)
+    (dict(masked=True, windowed=True, key_masks=True), (64, 240, 0, True)),
     (dict(masked=False, key_masks=True), (128, 240, 0, False)),
     (dict(masked=False), (128, 232, 0, False))])            # the unmasked pair, 232 for both
 def test_default_config(kw, want):
@@ -42,10 +43,15 @@ def test_default_config(kw, want):
   got = (cfg.bwd_dq_block_kv, cfg.bwd_registers, cfg.bwd_dq_registers, cfg.bwd_masked_halves)
   assert got == want
   assert cfg.bwd_dkdv_block_q == 128                                 # with 128-query dK/dV
-  # Under 1024 keys masked calls keep the 64-wide steps; no default sets bwd_dq_registers
-  # since session 35 (the causal pair takes 240 for both kernels).
+  # No default sets bwd_dq_registers since session 35 (the causal pair takes 240 for both
+  # kernels). From 512 keys causal calls take the pair with halves; with key masks they keep
+  # 64-wide steps under 1024 keys; under 512 every call does.
   short = default_config(head_dim=64, seq_k=512, masked=True)
-  assert (short.bwd_dkdv_block_q, short.bwd_masked_halves) == (0, False)
+  assert (short.bwd_dkdv_block_q, short.bwd_masked_halves) == (128, True)
+  keyed = default_config(head_dim=64, seq_k=512, masked=True, key_masks=True)
+  assert (keyed.bwd_dkdv_block_q, keyed.bwd_masked_halves) == (0, False)
+  shorter = default_config(head_dim=64, seq_k=384, masked=True)
+  assert (shorter.bwd_dkdv_block_q, shorter.bwd_masked_halves) == (0, False)
   assert default_config(head_dim=128, seq_k=4096, masked=True).bwd_dq_registers == 0
 
 

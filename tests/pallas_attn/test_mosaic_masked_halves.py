@@ -86,3 +86,19 @@ def test_matches_reference_compiled(case):
   if jax.default_backend() != "gpu":
     pytest.skip("needs the GPU")
   H.check_mosaic_default_with(case, bwd_masked_halves=True, bwd_registers=240, **PAIR)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    H.Case(t=512, s=512, n=4, kh=2, h=64, causal=True, seed=848),         # from 512 keys
+    H.Case(t=1000, s=1536, n=4, kh=1, h=64, window=(300, 0), seed=849),   # dQ: 64-key steps
+    H.Case(t=600, s=640, n=2, kh=2, h=64, window=(100, 20), softcap=30.0, segments=2,
+           seed=850)], ids=lambda c: c.id)
+def test_defaults_compiled(case):
+  """The defaults that carry the halves since session 35 (causal and windowed H = 64 calls from
+  512 keys), run as the library runs them, against the reference."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  cfg = H.mosaic_default_config(case)
+  assert cfg.bwd_masked_halves and cfg.bwd_dkdv_block_q == 128
+  H.check_mosaic_default_with(case)
