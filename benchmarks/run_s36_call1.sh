@@ -1,0 +1,18 @@
+# Next session, call 1 (written in session 35; ~6 minutes): session 35's H = 64 defaults through
+# the compiled reference tests (causal from 512 keys and windowed calls with masked halves; the
+# windowed form with 64-key dQ steps), then the rows it left untimed: 8x2048 causal against the
+# old default, and 4x4096 window (512, 0) with 64-key against 128-key dQ steps, both orders.
+source benchmarks/setup_gpu.sh >/dev/null 2>&1
+source benchmarks/device_helpers.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 240 python3 -m pytest -q -m gpu -n 8 \
+    -p no:cacheprovider -rfE tests/pallas_attn/test_mosaic_masked_halves.py \
+    tests/pallas_attn/test_mosaic_dq_registers.py tests/pallas_attn/test_mosaic_dkdv_block_q.py \
+    2>&1 | tail -3
+OLD_CAUSAL="bwd_masked_halves=False,bwd_registers=232,bwd_dq_registers=240"
+breakdown c2048 80 --rows 8x2048x32x64 --causal 1 --variant "old:$OLD_CAUSAL"
+for order in first last; do
+  extra=(); [ "$order" = last ] && extra=(--ours-last)
+  breakdown "win_$order" 80 --rows 4x4096x32x64 --causal 1 --window 512 "${extra[@]}" \
+      --variant "dq128:bwd_dq_block_kv=128"
+done
