@@ -16,3 +16,10 @@ for order in first last; do
   breakdown "win_$order" 80 --rows 4x4096x32x64 --causal 1 --window 512 "${extra[@]}" \
       --variant "dq128:bwd_dq_block_kv=128"
 done
+# The windowed H = 64 forward over 4096 keys runs the grid with 256-key blocks (0.87x cuDNN at
+# 1x16384x32x64 window (1024, 0), session 35), where at 4096 keys the causal form (128-key
+# blocks, persistent with the tile counter, Q in registers) ran 1.12x: that form over 4096 keys
+# ("c128"), and with a static deal ("p128"; windowed tiles are of near-equal length).
+F128="block_kv=128,persistent=True,q_regs_cols=64"
+breakdown wfwd 90 --rows 1x16384x32x64 --causal 1 --window 1024 \
+    --variant "c128:$F128,dynamic_schedule=True" --variant "p128:$F128,dynamic_schedule=False"
