@@ -3,6 +3,7 @@
 #   source benchmarks/device_helpers.sh
 #   breakdown NAME SECONDS --rows 4x4096x32x64 --causal 1 --variant "x:field=value"
 #   one_fwd 32x512x32x64 --causal "block_kv=128,persistent=True"
+#   gpu_tests 200 tests/pallas_attn/test_mosaic_masked_halves.py ...
 #
 # breakdown: bwd_breakdown.py against cuDNN under a timeout, its JSON kept as $OUT/keep/NAME.json.
 # one_fwd: one forward config in its own process (mosaic_one.py, cuDNN on the same inputs),
@@ -20,4 +21,11 @@ one_fwd() {
   timeout -k 5 "${ONE_TIMEOUT_S:-75}" python3 benchmarks/mosaic_one.py --shape "$1" $2 \
       --fields "$3" --cudnn --out "$OUT/one.jsonl" 2>&1 | grep "cudnn:\|rror" | cut -c1-160 \
       | sed "s|^|$1 $2 [$3] |"
+}
+
+gpu_tests() {
+  # The files' compiled (-m gpu) tests under a timeout, 8 workers; prints pytest's summary.
+  local secs=$1; shift
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 "$secs" python3 -m pytest -q -m gpu -n 8 \
+      -p no:cacheprovider -rfE "$@" 2>&1 | tail -3
 }

@@ -6,10 +6,9 @@
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 source benchmarks/device_helpers.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 200 python3 -m pytest -q -m gpu -n 8 \
-    -p no:cacheprovider -rfE tests/pallas_attn/test_mosaic_dq_registers.py \
-    tests/pallas_attn/test_mosaic_dkdv_block_q.py tests/pallas_attn/test_mosaic_masked_halves.py \
-    2>&1 | tail -3
+gpu_tests 200 tests/pallas_attn/test_mosaic_dq_registers.py \
+    tests/pallas_attn/test_mosaic_dkdv_block_q.py \
+    tests/pallas_attn/test_mosaic_masked_halves.py
 OLD_WINDOW="bwd_dkdv_block_q=0,bwd_dq_block_kv=64,bwd_early_stats=lse+delta"
 OLD_WINDOW="$OLD_WINDOW,bwd_registers=232,bwd_masked_halves=False"
 PAIR="bwd_dkdv_block_q=128,bwd_dq_block_kv=128,bwd_early_stats=,bwd_registers=240"

@@ -5,10 +5,9 @@
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 source benchmarks/device_helpers.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 240 python3 -m pytest -q -m gpu -n 8 \
-    -p no:cacheprovider -rfE tests/pallas_attn/test_mosaic_masked_halves.py \
-    tests/pallas_attn/test_mosaic_dq_registers.py tests/pallas_attn/test_mosaic_dkdv_block_q.py \
-    2>&1 | tail -3
+gpu_tests 240 tests/pallas_attn/test_mosaic_masked_halves.py \
+    tests/pallas_attn/test_mosaic_dq_registers.py \
+    tests/pallas_attn/test_mosaic_dkdv_block_q.py
 OLD_CAUSAL="bwd_masked_halves=False,bwd_registers=232,bwd_dq_registers=240"
 breakdown c2048 80 --rows 8x2048x32x64 --causal 1 --variant "old:$OLD_CAUSAL"
 for order in first last; do
