@@ -1,5 +1,6 @@
-# Session 35, call 3 (~5 minutes; trimmed after device time went to failed starts): the new H = 64 defaults (masked 128-query dK/dV steps as two
-# 64-query halves, both kernels at 240, for causal and windowed calls from 1024 keys) compiled,
+# Session 35, call 3 (~5 minutes; trimmed after device time went to failed starts): the new
+# H = 64 defaults (masked 128-query dK/dV steps as two 64-query halves, both kernels at 240,
+# for causal and windowed calls from 1024 keys) compiled,
 # then timed against the defaults they replaced on rows call 1 did not cover, and the pair with
 # halves on causal rows of 512 keys (64-wide steps by default there). Predictions in
 # benchmarks/NOTES.md (session 35, call 3).
