@@ -38,8 +38,9 @@ class Config:
       queries a step halves them; ptxas (offline) spills nothing at H = 64 without
       ``bwd_early_stats`` and 16 B with "lse" at 240 registers, where the dQ kernel with
       128-row blocks would spill and serialise its wgmmas (C7512). 128 by default at H = 64
-      from 512 keys (default_config; dK/dV 12% faster unmasked, 2-3% causal, H100 session
-      32; with a window or a causal mask together with ``bwd_masked_halves``, session 35).
+      from 512 keys, causal calls with key masks from 1024 (default_config; dK/dV 12% faster
+      unmasked, 2-3% causal, H100 session 32; with a window or a causal mask together with
+      ``bwd_masked_halves``, session 35).
     bwd_num_stages: depth of the backward's TMA rings (dK/dV: Q, dO and row stats per step;
       dQ: K and V per step, shallower where it would not fit in shared memory).
     bwd_dq_block_kv: keys per step of the dQ kernel (it holds one fp32 accumulator, so it can
