@@ -480,8 +480,13 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # (0.56 -> 0.91x), 0.1801 -> 0.1084 at 64x256 (0.53 -> 0.88x). Over 4096 keys the counter
   # form was 1% slower at H = 64 (1x16384x32x64 causal 2.2043 -> 2.2272 ms) and 1.1-1.5%
   # faster at H = 128 (1x16384x16x128 causal 1.6452 -> 1.6205, 2x8192 0.8500 -> 0.8408; H100,
-  # session 34), so masked H = 128 calls take it at every length.
-  causal_h64 = hp == 64 and masked and 128 < seq_k <= 4096
+  # session 34), so masked H = 128 calls take it at every length. Windowed H = 64 calls take
+  # it over 4096 keys too: at 1x16384x32x64 window (1024, 0) the grid's 256-key blocks cost a
+  # 128-query tile 5-6 blocks with masked edges over its band of 1152 keys, 128-key blocks 10
+  # narrower ones: forward 0.4782 -> 0.3851 ms (0.86 -> 1.07x cuDNN's 0.4134), fwd+bwd 1.5988
+  # -> 1.5066 (0.97 -> 1.03x; H100, session 36). The static deal measured 0.3809 (a window's
+  # tiles are of near-equal length); the counter is kept for windows as wide as the row.
+  causal_h64 = hp == 64 and masked and 128 < seq_k and (seq_k <= 4096 or windowed)
   if causal_h64:
     block_kv = 128
   # Unmasked H = 64 rows over 1024 keys: the persistent loop with 256-key blocks and the

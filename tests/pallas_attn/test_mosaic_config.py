@@ -101,16 +101,19 @@ def test_default_config_lazy_rescale_only_masked_wide(h, masked):
   assert cfg.lazy_rescale == (8.0 if masked and h > 128 else 0.0)
 
 
-@pytest.mark.parametrize("seq_k", [128, 256, 512, 1024, 2048, 4096, 8192])
-def test_default_config_masked_head_dim_64(seq_k):
+@pytest.mark.parametrize("windowed", [False, True], ids=["causal", "windowed"])
+@pytest.mark.parametrize("seq_k", [128, 256, 512, 1024, 2048, 4096, 8192, 16384])
+def test_default_config_masked_head_dim_64(seq_k, windowed):
   """H200 session 12: causal 4x4096x32x64 with 128-key blocks and the dynamic tile counter ran
   1.012x cuDNN (the grid with 256-key blocks: 0.941x); H100 session 34 took it down to 129
-  keys (16x1024 0.72 -> 0.97x, 32x512 0.56 -> 0.91x, 64x256 0.53 -> 0.88x). Longer rows keep
-  the grid; the persistent loop never gets 256-key blocks (it hangs compiled)."""
-  cfg = default_config(head_dim=64, seq_k=seq_k, masked=True)
-  on = 128 < seq_k <= 4096
+  keys (16x1024 0.72 -> 0.97x, 32x512 0.56 -> 0.91x, 64x256 0.53 -> 0.88x). Longer causal
+  rows keep the grid; windowed ones take the 128-key form at every length (H100, session 36:
+  1x16384x32x64 window (1024, 0) forward 0.86 -> 1.07x cuDNN). The persistent loop never gets
+  256-key blocks (it hangs compiled)."""
+  cfg = default_config(head_dim=64, seq_k=seq_k, masked=True, windowed=windowed)
+  on = 128 < seq_k and (seq_k <= 4096 or windowed)
   assert (cfg.persistent, cfg.dynamic_schedule) == (on, on)
-  assert cfg.block_kv == (128 if seq_k <= 4096 else 256)
+  assert cfg.block_kv == (128 if seq_k <= 4096 or windowed else 256)
   assert cfg.pin_softmax and cfg.named_free
   assert cfg.q_regs_cols == (64 if on else 0)          # session 14: 1.011 -> 1.041x cuDNN
 

@@ -93,7 +93,10 @@ def test_matches_reference_compiled(case):
     H.Case(t=512, s=512, n=4, kh=2, h=64, causal=True, seed=848),         # from 512 keys
     H.Case(t=1000, s=1536, n=4, kh=1, h=64, window=(300, 0), seed=849),   # dQ: 64-key steps
     H.Case(t=600, s=640, n=2, kh=2, h=64, window=(100, 20), softcap=30.0, segments=2,
-           seed=850)], ids=lambda c: c.id)
+           seed=850),
+    # over 4096 keys: the windowed forward's 128-key persistent form (session 36)
+    H.Case(t=4200, s=4500, n=2, kh=1, h=64, window=(700, 0), seed=851)],
+    ids=lambda c: c.id)
 def test_defaults_compiled(case):
   """The defaults that carry the halves since session 35 (causal and windowed H = 64 calls from
   512 keys), run as the library runs them, against the reference."""
