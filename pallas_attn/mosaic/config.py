@@ -439,8 +439,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   different lengths leaves SMs idle (5-50% slower), so masked calls take the persistent launch
   only with the dynamic tile counter (``dynamic_schedule``): 6-18% faster than one CTA per tile
   up to 4096 keys, 1-1.5% at 8192-16384 keys (H = 128; at H = 64 it is 1% slower there, so
-  masked H = 64 calls over 4096 keys keep the grid). Only at head dims 64 and 128 (see the
-  comments below).
+  causal H = 64 calls over 4096 keys keep the grid, windowed ones do not). Only at head dims
+  64 and 128 (see the comments below).
 
   ``key_masks``: the call carries segment ids or ``kv_lengths`` (the H = 64 backward then
   gives both kernels 240 registers for the compares); ``windowed``: it has a window (and is
