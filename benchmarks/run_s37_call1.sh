@@ -1,18 +1,18 @@
-# Session 37, call 1 (~8-9 minutes): the windowed H = 64 forward's default over 4096 keys
-# (session 36) through the compiled reference test; then on an H200 the issue table's unmet
-# H = 128 fwd+bwd rows (4x4096, 1x16384; ours, cuDNN, tokamax's Mosaic backend, two rounds:
-# none timed on an H200 since session 30), on an H100 4x4096 window (512, 0) with 64- against
-# 128-key dQ steps. Causal on both rows where the budget allows.
+# Session 37, call 1 (~6-8 minutes): compiled reference tests of the windowed H = 64 forward's
+# default over 4096 keys (session 36) and of Config.stream_tail (new); then the forward with
+# and without stream_tail, one config per process, cuDNN's forward on the same inputs, on the
+# unmasked H = 128 rows (2048 tiles on 132 SMs each), default first, in both orders at 4x4096.
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 source benchmarks/device_helpers.sh
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader)
-echo "$name"
-gpu_tests 140 "tests/pallas_attn/test_mosaic_masked_halves.py::test_defaults_compiled"
-case "$name" in
-  *H200*)
-    timeout -k 5 420 python3 benchmarks/attention.py --out "$OUT/fwdbwd_h200" --modes fwdbwd \
-        --rounds 2 --impls ours-mosaic,cudnn,tokamax-mosaic --budget-s 390 \
-        --rows 4x4096x16x128,1x16384x16x128 2>&1 | grep -i " ms \|rror" | cut -c1-120 ;;
-  *) breakdown win_first 80 --rows 4x4096x32x64 --causal 1 --window 512 \
-         --variant "dq128:bwd_dq_block_kv=128" ;;
-esac
+nvidia-smi --query-gpu=name --format=csv,noheader
+gpu_tests 200 "tests/pallas_attn/test_mosaic_masked_halves.py::test_defaults_compiled" \
+    tests/pallas_attn/test_mosaic_stream_tail.py
+ONE_TIMEOUT_S=70
+one_fwd 4x4096x16x128 "" ""
+one_fwd 4x4096x16x128 "" "stream_tail=True"
+one_fwd 2x8192x16x128 "" ""
+one_fwd 2x8192x16x128 "" "stream_tail=True"
+one_fwd 1x16384x16x128 "" "consumers=2,persistent=True,stream_tail=True"
+one_fwd 8x2048x16x128 "" ""
+one_fwd 8x2048x16x128 "" "stream_tail=True"
+one_fwd 4x4096x16x128 "" ""

@@ -162,6 +162,13 @@ class Config:
       (H = 64, session 8); unmasked H = 64 with 128-key blocks measured no faster than the grid
       with 256, while causal H = 64 with the tile counter and 128-key blocks is 7% faster (the
       default there, session 12).
+    stream_tail: with ``persistent`` and no mask (no kv_lengths, segment ids or key padding,
+      T a whole number of 2 * block_q tiles), cut the tiles of the last partial wave along
+      the keys: every H = 128 row of the issue table has 2048 tiles on 132 SMs (15.5 waves),
+      so 64 SMs idle through the sixteenth tile time. The first R rounds stay whole; the r
+      tail tiles' K/V blocks are dealt evenly (Stream-K), each CTA's one or two parts written
+      with their own lse and merged by XLA in key order (``stream_tail.py``: deterministic,
+      two bf16 roundings of a tail row). Untimed: off.
     dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin
@@ -349,6 +356,7 @@ class Config:
   computed_ranges: bool = True
   persistent: bool = False
   dynamic_schedule: bool = False
+  stream_tail: bool = False
   consumers: int = 2
   exp2_poly_cols: int = 0
   sum_in_pv: bool = False

@@ -36,7 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
-from pallas_attn.mosaic import fastexp, overlap, schedule
+from pallas_attn.mosaic import fastexp, overlap, schedule, stream_tail
 from pallas_attn.mosaic.operands import p_as_8bit_operand, q_operands
 # The rings, their producer loops, the hardware barriers and the tile ranges live in ring.py
 # (shared with the backward kernels); re-exported here, where they were first written.
@@ -98,6 +98,8 @@ class Statics:
   sum_in_pv: bool = False       # forward: P's row sum computed after the P V wgmma is issued
   o_chunked: bool = False       # persistent forward: O stored through two [block_q, 64] slots
                                 # per consumer instead of a whole [block_q, H] buffer
+  stream_tail: bool = False     # persistent unmasked forward: the last partial wave's tiles cut
+                                # along the keys (stream_tail.py)
   q_regs_cols: int = 0          # forward (compiled): Q's first this many columns are S = Q K^T's
                                 # A operand from registers (loaded once per tile), not SMEM
   qdo_regs: bool = False        # dQ kernel (compiled): Q and dO as register A operands of S, dP
@@ -189,13 +191,16 @@ def fwd_kernel(*refs, st: Statics, has_meta: bool):
   if st.dynamic:
     counter_ref, pos = refs[pos], pos + 1
   o_ref, lse_ref = refs[pos], refs[pos + 1]
+  parts_refs = None
+  if st.stream_tail:                  # the tail parts' workspace (O_p, lse_p)
+    parts_refs, pos = (refs[pos + 2], refs[pos + 3]), pos + 2
   smem, bars = refs[pos + 2], refs[pos + 3]
   _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
-        bars, st, scale_refs)
+        bars, st, scale_refs, parts_refs)
 
 
 def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_ref, lse_ref, smem,
-          bars, st: Statics, scale_refs=None):
+          bars, st: Statics, scale_refs=None, parts_refs=None):
   (q_smem2, o_smem2, k_smem, v_smem, lse_smem2, meta_smem, qseg_smem2, kvseg_smem, p_smem2,
    sched_smem, qscale_smem2, kscale_smem, vscale_smem2) = smem
   (k_ready, v_ready, seg_ready, q_ready, meta_ready, k_free, v_free, turns, tile_ready,
@@ -220,6 +225,10 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
     # they write O: no CTA launch, Q latency or pipeline fill per tile.
     num_local = lax.div(st.num_tiles - 1 - cta, jnp.int32(st.num_ctas)) + 1
     flat_of = lambda i: cta + i * st.num_ctas
+    if st.stream_tail:    # whole tiles for R rounds, then one or two parts of the tail
+      num_local, tail_item = stream_tail.kernel_items(cta, stream_tail.Tail(
+          st.num_tiles, st.num_ctas, st.num_kv_blocks))
+      flat_of = lambda i: tail_item(i)[0]
 
     def coords(flat):
       bh, tile = lax.div(flat, jnp.int32(n_tiles)), lax.rem(flat, jnp.int32(n_tiles))
@@ -267,9 +276,13 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
                          jnp.int32(0))
     return base, num_local
 
-  def ranges(batch, tile):
+  def ranges(batch, tile, i=None):
     """(lo, lo_full, hi_full, hi, kv_len): blocks [lo, hi) are visited, [lo_full, hi_full)
-    need no mask (masks.kv_block_ranges on the CTA's 2 * block_q rows)."""
+    need no mask (masks.kv_block_ranges on the CTA's 2 * block_q rows). ``st.stream_tail``:
+    local item ``i``'s key span (the whole row, or a tail part's; nothing is masked)."""
+    if st.stream_tail:
+      _, lo, hi, _ = tail_item(i)
+      return lo, lo, hi, hi, None
     if st.computed_ranges:
       return computed_tile_ranges(tile, st)
     return tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg, batch=batch, tile=tile,
@@ -336,7 +349,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       """Local tile i (``flat`` in the persistent numbering); ``base`` = K/V blocks this CTA
       consumed before it (ring position). Returns the new base and the next tile's number."""
       batch, head, tile = coords(flat)
-      lo, lo_full, hi_full, hi, kv_len = ranges(batch, tile)
+      lo, lo_full, hi_full, hi, kv_len = ranges(batch, tile, i)
       q_start = tile * (nc * bq) + wg * bq
       q_seg = None
       if st.has_segments:
@@ -545,9 +558,23 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
         o_smem[...] = out.astype(o_smem.dtype)
       lse_smem2.at[wg][...] = jnp.where(seen, m * LN2 + jnp.log(l_safe), -jnp.inf)
       plgpu.commit_smem()
+      lse_rows = lse_ref.at[batch, head, pl.ds(q_start, bq)]
+      if st.stream_tail:
+        # A tail part goes to its workspace slot (stream_tail.merge combines the parts).
+        part = tail_item(i)[3]
+        o_parts, lse_parts = parts_refs
+        own, slot = pl.ds(wg * bq, bq), jnp.maximum(part, 0)
+        for is_part, o_dst, lse_dst in (
+            (False, o_rows, lse_rows),
+            (True, o_parts.at[cta, slot, own], lse_parts.at[cta, slot, own])):
+          @pl.when((part >= 0) == is_part)
+          def _store(o_dst=o_dst, lse_dst=lse_dst):
+            plgpu.copy_smem_to_gmem(o_smem, o_dst)
+            plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_dst)
+        return base + (hi - lo), nxt
       if not st.o_chunked:
         plgpu.copy_smem_to_gmem(o_smem, o_rows)
-      plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_ref.at[batch, head, pl.ds(q_start, bq)])
+      plgpu.copy_smem_to_gmem(lse_smem2.at[wg], lse_rows)
       return base + (hi - lo), nxt
 
     tile_loop(tile_body)
@@ -557,9 +584,9 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
   def _producer():
     plgpu.set_max_registers(producer_regs, action="decrease")
 
-    def fetcher(flat):
+    def fetcher(flat, i=None):
       batch, head, tile = coords(flat)
-      lo, _, _, hi, _ = ranges(batch, tile)
+      lo, _, _, hi, _ = ranges(batch, tile, i)
       gmem, smem_refs, ready = ((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
                                 (k_ready, v_ready, seg_ready))
       kv_head = lax.div(head, jnp.int32(st.groups))
@@ -587,7 +614,7 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       if st.dynamic:              # claim the next tile first: its latency hides behind this one
         nxt = schedule.publish(i + 1, flat, counter_ref=counter_ref, num_ctas=st.num_ctas,
                                compiled=st.atomic_counter, **queue)
-      fetch, num_steps = fetcher(flat)
+      fetch, num_steps = fetcher(flat, i)
 
       @pl.loop(0, num_steps)
       def _(j):

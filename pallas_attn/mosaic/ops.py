@@ -23,7 +23,8 @@ from jax.experimental.pallas import triton as plgpu_triton
 from pallas_attn import masks
 from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.vma import match_vma, out_struct, vma
-from pallas_attn.mosaic import autotune, backward, backward_dq, backward_split, kernels
+from pallas_attn.mosaic import (autotune, backward, backward_dq, backward_split, kernels,
+                                stream_tail)
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
@@ -570,6 +571,12 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       pst = dataclasses.replace(pst, o_chunked=True)
     if not counter_missing and fits(pst):
       st = pst
+      # Stream-K for the last partial wave (stream_tail.py): unmasked, O in one buffer, rows
+      # a whole number of tiles (the merge scatters whole tiles), a partial last wave.
+      tail = stream_tail.Tail(num_tiles, st.num_ctas, st.num_kv_blocks)
+      if (cfg.stream_tail and not st.any_mask and not st.o_chunked and not fp8
+          and tq == t and tail.rest):
+        st = dataclasses.replace(st, stream_tail=True)
   # The row max / sum reduce within a warp (the WGMMA layout's rows live in one quad), so the
   # 2 KB Pallas reserves for cross-warp reductions are free to give back where they are needed:
   # FA3's 80-key ring at head dim 256 is 128 bytes over without them, as are the persistent
@@ -631,10 +638,14 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     inputs.append(jax.new_ref(jnp.zeros((1,), jnp.int32)))   # the tile counter (schedule.py)
   smem_types, bar_types = kernels.scratch_types(st=st, head_dim=hp, dtype=q.dtype,
                                                 has_meta=has_meta, out_dtype=out_dtype)
-  out, lse = plgpu.kernel(
+  out_type = (jax.ShapeDtypeStruct((b, t if tails else tq, n, hp), out_dtype),
+              jax.ShapeDtypeStruct((b, n, tq), jnp.float32))         # lse: T * 4 B rows
+  if st.stream_tail:
+    tail = stream_tail.Tail(st.num_tiles, st.num_ctas, st.num_kv_blocks)
+    out_type += stream_tail.workspace_types(tail, tile_rows=cta_q, head_dim=hp, dtype=out_dtype)
+  out, lse, *parts = plgpu.kernel(
       functools.partial(kernels.fwd_kernel, st=st, has_meta=has_meta),
-      out_type=(jax.ShapeDtypeStruct((b, t if tails else tq, n, hp), out_dtype),
-                jax.ShapeDtypeStruct((b, n, tq), jnp.float32)),      # lse: T * 4 B rows
+      out_type=out_type,
       scratch_types=(smem_types, bar_types),
       **(dict(grid=(st.num_ctas,), grid_names=("sm",)) if st.persistent else
          _grid(n, tq // cta_q, b, seq="q_seq", seq_major=cfg.seq_major)),
@@ -649,5 +660,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
   if axes:
     # plgpu.kernel traces its body with the vma check off and returns non-varying types: mark the
     # outputs as varying like the inputs they are computed from.
-    out, lse = match_vma([out, lse], axes)
+    out, lse, *parts = match_vma([out, lse, *parts], axes)
+  if st.stream_tail:
+    out, lse = stream_tail.merge(out, lse, *parts, tail=tail, heads=n, tile_rows=cta_q)
   return out[:, :t, :, :h], lse[:, :, :t]

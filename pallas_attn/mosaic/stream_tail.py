@@ -1,0 +1,140 @@
+"""Stream-K for the last partial wave of the persistent unmasked forward (``Config.stream_tail``).
+
+The persistent forward deals its ``num_tiles`` (batch, head, query tile) tiles round-robin to
+``C`` CTAs, one per SM. Every unmasked tile costs the same, so with ``num_tiles = R C + r``
+(0 < r < C) the launch takes R + 1 tile times while the work is worth R + r / C of them: at
+every H = 128 row of the issue table 2048 tiles meet 132 SMs, R = 15, r = 68, and 64 SMs
+idle through the sixteenth tile time (3% of the kernel).
+
+Here the R C tiles of the first R rounds stay whole, and the r tail tiles are cut along the
+keys (Stream-K, Osama et al. 2023, in its "data-parallel + one-tile Stream-K" hybrid): their
+r * n K/V blocks (n blocks a tile) are laid end to end and CTA c takes blocks
+[floor(c r n / C), floor((c + 1) r n / C)). Fewer than n blocks each, so a CTA's range meets
+at most two tail tiles: at most two *parts* a CTA. A part is an ordinary tile over keys
+[lo, hi) only, written normalised with its own log-sum-exp (O_p, lse_p) to a workspace instead
+of to O. XLA then merges each tail tile's parts (flash-decoding's combine, the split-K form of
+the online softmax, FA2 Alg. 1 lines 10-12 across parts):
+
+    lse = log sum_p exp(lse_p),    O = sum_p exp(lse_p - lse) O_p,
+
+always in key order, so the result is deterministic. The parts travel in the output dtype
+(bf16): two roundings of a tail row's O instead of one, inside TESTING.md's ratio rule.
+
+No wait on another CTA and no atomics: each CTA writes its own workspace slots, and the merge
+is a separate XLA fusion (a gather, the sums above and a scatter into O and lse: ~r * 32 KB of
+bf16 written at H = 128). So the kernel's loop is the same in interpret mode and compiled.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+MAX_PARTS = 2           # parts one CTA can hold: its range has fewer blocks than a tile
+
+
+@dataclasses.dataclass(frozen=True)
+class Tail:
+  """Static shape of the deal: ``num_tiles`` tiles of ``blocks`` K/V blocks on ``num_ctas``."""
+  num_tiles: int
+  num_ctas: int
+  blocks: int
+
+  @property
+  def rounds(self) -> int:          # whole tiles per CTA
+    return self.num_tiles // self.num_ctas
+
+  @property
+  def rest(self) -> int:            # tail tiles, cut into parts
+    return self.num_tiles - self.rounds * self.num_ctas
+
+  def span(self, cta):
+    """[start, end) of CTA ``cta`` in the tail's block numbering (traced or Python ints)."""
+    total = self.rest * self.blocks
+    return (cta * total) // self.num_ctas, ((cta + 1) * total) // self.num_ctas
+
+
+def kernel_items(cta, tail: Tail):
+  """In the kernel: (number of local work items, ``item(i) -> (flat, lo, hi, part)``).
+  Items 0 .. rounds - 1 are whole tiles ``cta + i * num_ctas`` (blocks [0, blocks), part -1);
+  the next one or two are this CTA's parts: flat tile ``rounds * num_ctas + u``, blocks
+  [lo, hi), workspace slot ``part`` (0 or 1)."""
+  n, base = tail.blocks, tail.rounds * tail.num_ctas
+  start, end = tail.span(cta)
+  u0 = lax.div(start, jnp.int32(n))
+  lo0 = start - u0 * n
+  split = end > (u0 + 1) * n                      # the range runs into a second tail tile
+  num_parts = (end > start).astype(jnp.int32) + split.astype(jnp.int32)
+
+  def item(i):
+    is_part = i >= tail.rounds
+    p = i - tail.rounds
+    flat = jnp.where(is_part, base + u0 + p, cta + i * tail.num_ctas)
+    lo = jnp.where(is_part & (p == 0), lo0, 0)
+    hi = jnp.where(is_part, jnp.where(p == 0, jnp.minimum(n, end - u0 * n),
+                                      end - (u0 + 1) * n), n)
+    return flat, lo, hi, jnp.where(is_part, p, -1)
+  return tail.rounds + num_parts, item
+
+
+def part_table(tail: Tail) -> list[list[tuple[int, int, int, int]]]:
+  """Host side, the same deal: for each tail tile u, its parts (lo, hi, cta, part) in key
+  order."""
+  parts: list[list[tuple[int, int, int, int]]] = [[] for _ in range(tail.rest)]
+  n = tail.blocks
+  for c in range(tail.num_ctas):
+    start, end = tail.span(c)
+    p = 0
+    while start < end:
+      u = start // n
+      stop = min(end, (u + 1) * n)
+      parts[u].append((start - u * n, stop - u * n, c, p))
+      start, p = stop, p + 1
+  for u, ps in enumerate(parts):
+    ps.sort()
+    covered = [hi - lo for lo, hi, _, _ in ps]
+    assert ps and sum(covered) == n and ps[0][0] == 0, (u, ps)   # a partition of the tile
+  return parts
+
+
+def merge(out, lse, o_parts, lse_parts, *, tail: Tail, heads: int, tile_rows: int):
+  """Writes the merged tail tiles into ``out`` [B, T, N, H] and ``lse`` [B, N, T] (T = tiles *
+  tile_rows) from the workspace ``o_parts`` [C, 2, tile_rows, H] and ``lse_parts`` [C, 2,
+  tile_rows] (natural-log lse). Tiles are numbered (batch, head, tile), tile fastest."""
+  table = part_table(tail)
+  width = max(len(ps) for ps in table)
+  # Unused entries point at slot 0 with weight exp(-inf) = 0.
+  index = [[c * 2 + p for _, _, c, p in ps] + [0] * (width - len(ps)) for ps in table]
+  valid = [[True] * len(ps) + [False] * (width - len(ps)) for ps in table]
+  index, valid = jnp.asarray(index, jnp.int32), jnp.asarray(valid)
+  b, t, _, h = out.shape
+  tiles = t // tile_rows
+  flat = tail.rounds * tail.num_ctas + jnp.arange(tail.rest, dtype=jnp.int32)
+  bh, tile = flat // tiles, flat % tiles
+  batch, head = bh // heads, bh % heads
+
+  lp = lse_parts.reshape(-1, tile_rows)[index]                    # [r, width, rows]
+  lp = jnp.where(valid[:, :, None], lp, -jnp.inf)
+  top = jnp.max(lp, axis=1, keepdims=True)
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  w = jnp.exp(lp - top)                                           # 0 for unused entries
+  total = jnp.sum(w, axis=1)                                      # [r, rows]
+  op = o_parts.reshape(-1, tile_rows, h)[index].astype(jnp.float32)  # [r, width, rows, H]
+  o = jnp.einsum("uprh,upr->urh", op, w, precision=lax.Precision.HIGHEST)
+  seen = total > 0
+  o = o / jnp.where(seen, total, 1.0)[:, :, None]
+  merged_lse = jnp.where(seen, top[:, 0] + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+
+  out5 = out.reshape(b, tiles, tile_rows, heads, h)
+  out5 = out5.at[batch, tile, :, head, :].set(o.astype(out.dtype))
+  lse4 = lse.reshape(b, heads, tiles, tile_rows)
+  lse4 = lse4.at[batch, head, tile, :].set(merged_lse)
+  return out5.reshape(out.shape), lse4.reshape(lse.shape)
+
+
+def workspace_types(tail: Tail, *, tile_rows: int, head_dim: int, dtype):
+  """The kernel's two extra outputs: the parts' O and lse."""
+  return (jax.ShapeDtypeStruct((tail.num_ctas, 2, tile_rows, head_dim), dtype),
+          jax.ShapeDtypeStruct((tail.num_ctas, 2, tile_rows), jnp.float32))
