@@ -168,7 +168,8 @@ class Config:
       so 64 SMs idle through the sixteenth tile time. The first R rounds stay whole; the r
       tail tiles' K/V blocks are dealt evenly (Stream-K), each CTA's one or two parts written
       with their own lse and merged by XLA in key order (``stream_tail.py``: deterministic,
-      two bf16 roundings of a tail row). Untimed: off.
+      two bf16 roundings of a tail row). On by default for unmasked calls from 4096 keys
+      (``default_config``).
     dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin
@@ -609,7 +610,16 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
     if masked or key_masks or seq_k % 128 or seq_k <= PERSISTENT_BWD_KEYS:
       registers = 240
   halves = h64_wide and masked and not causal_keyed
+  # The last partial wave of the persistent unmasked forward cut along the keys (stream_tail;
+  # H100, session 37, forward incl. the merge's XLA kernels, one config per process, cuDNN on
+  # the same inputs): 4x4096x16x128 0.8023 -> 0.7911 ms (0.999 -> 1.015x), 2x8192 1.5783 ->
+  # 1.5517 (1.002 -> 1.020x), 4x4096x32x64 1.0933 -> 1.0725 (1.021 -> 1.041x), 1x16384x32x64
+  # 4.2251 -> 4.1240 (1.031 -> 1.066x); at 8x2048 a tie (the kernel 4.3 us faster, the merge
+  # 4.8 us), at 16x1024 3.5% slower: from 4096 keys. (1x16384x16x128 keeps three consumers on
+  # the grid: two persistent with the tail cut measured 3.0700 / 3.0806 against 3.0887.)
+  tail = not masked and seq_k >= 4096 and hp in (64, 128)
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
+                stream_tail=tail,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=registers,

@@ -128,9 +128,11 @@ def merge(out, lse, o_parts, lse_parts, *, tail: Tail, heads: int, tile_rows: in
   merged_lse = jnp.where(seen, top[:, 0] + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
 
   out5 = out.reshape(b, tiles, tile_rows, heads, h)
-  out5 = out5.at[batch, tile, :, head, :].set(o.astype(out.dtype))
+  # Distinct tiles in increasing order: XLA's scatter needs no atomics or sorting then.
+  hints = dict(unique_indices=True, indices_are_sorted=True)
+  out5 = out5.at[batch, tile, :, head, :].set(o.astype(out.dtype), **hints)
   lse4 = lse.reshape(b, heads, tiles, tile_rows)
-  lse4 = lse4.at[batch, head, tile, :].set(merged_lse)
+  lse4 = lse4.at[batch, head, tile, :].set(merged_lse, **hints)
   return out5.reshape(out.shape), lse4.reshape(lse.shape)
 
 

@@ -193,6 +193,19 @@ def test_matches_reference_compiled(case):
   H.check_case(case, "mosaic", config=cfg)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    # 512 tiles: 3 rounds + 116 (2 batches: the float32 reference's logits stay at 1 GB)
+    H.Case(t=4096, s=4096, n=8, kh=8, h=128, b=2, seed=868),
+    H.Case(t=4096, s=4096, n=8, kh=4, h=64, b=2, seed=869)], ids=lambda c: c.id)
+def test_defaults_compiled(case):
+  """The default from 4096 unmasked keys (session 37), run as the library runs it."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  assert H.mosaic_default_config(case).stream_tail
+  H.check_case(case, "mosaic")
+
+
 def test_grid_shapes_of_the_issue_table_have_a_tail():
   """Why the flag exists: 2048 tiles on 132 SMs at every H = 128 row."""
   for (b, t, n), c in itertools.product([(4, 4096, 16), (8, 2048, 16), (2, 8192, 16),
