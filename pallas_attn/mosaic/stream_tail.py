@@ -30,6 +30,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 MAX_PARTS = 2           # parts one CTA can hold: its range has fewer blocks than a tile
@@ -79,6 +80,13 @@ def kernel_items(cta, tail: Tail):
   return tail.rounds + num_parts, item
 
 
+def tail_items(cta, tail: Tail):
+  """``kernel_items`` without the whole tiles: (this CTA's parts, ``item(j)`` for part j) for
+  a launch that runs only the tail (the backward's, after a grid launch of the whole tiles)."""
+  count, item = kernel_items(cta, tail)
+  return count - tail.rounds, lambda j: item(j + tail.rounds)
+
+
 def part_table(tail: Tail) -> list[list[tuple[int, int, int, int]]]:
   """Host side, the same deal: for each tail tile u, its parts (lo, hi, cta, part) in key
   order."""
@@ -111,7 +119,7 @@ def merge(out, lse, o_parts, lse_parts, *, tail: Tail, heads: int, tile_rows: in
   index, valid = jnp.asarray(index, jnp.int32), jnp.asarray(valid)
   b, t, _, h = out.shape
   tiles = t // tile_rows
-  flat = tail.rounds * tail.num_ctas + jnp.arange(tail.rest, dtype=jnp.int32)
+  flat = tail.rounds * tail.num_ctas + np.arange(tail.rest)
   bh, tile = flat // tiles, flat % tiles
   batch, head = bh // heads, bh % heads
 
@@ -127,13 +135,39 @@ def merge(out, lse, o_parts, lse_parts, *, tail: Tail, heads: int, tile_rows: in
   o = o / jnp.where(seen, total, 1.0)[:, :, None]
   merged_lse = jnp.where(seen, top[:, 0] + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
 
-  out5 = out.reshape(b, tiles, tile_rows, heads, h)
-  # Distinct tiles in increasing order: XLA's scatter needs no atomics or sorting then.
+  # Distinct tiles, in increasing order of the index tuples: XLA's scatter then needs no
+  # atomics or sorting (14 us -> 3 us at 68 tiles, H100). lse's (batch, head, tile) tuples
+  # ascend in the tile numbering; O's (batch, tile, head) do after a static permutation.
   hints = dict(unique_indices=True, indices_are_sorted=True)
-  out5 = out5.at[batch, tile, :, head, :].set(o.astype(out.dtype), **hints)
+  perm = np.lexsort((head, tile, batch))          # by batch, then tile, then head
+  out5 = out.reshape(b, tiles, tile_rows, heads, h)
+  out5 = out5.at[batch[perm], tile[perm], :, head[perm], :].set(
+      o[perm].astype(out.dtype), **hints)
   lse4 = lse.reshape(b, heads, tiles, tile_rows)
   lse4 = lse4.at[batch, head, tile, :].set(merged_lse, **hints)
   return out5.reshape(out.shape), lse4.reshape(lse.shape)
+
+
+def merge_sum(dst, parts, *, tail: Tail, coords, tile_rows: int, scale: float = 1.0):
+  """Writes each tail tile's sum of parts (in query order, float32, times ``scale``) into
+  ``dst`` [B, S, K, H] (rows tile * tile_rows + ...), from ``parts`` [C, 2, tile_rows, H]: the
+  backward's dK / dV partials, linear in the queries, so no weights. ``coords(flat) -> (batch,
+  head, tile)`` numbers the launch's tiles (numpy arrays in, numpy arrays out)."""
+  table = part_table(tail)
+  width = max(len(ps) for ps in table)
+  index = [[c * 2 + p for _, _, c, p in ps] + [0] * (width - len(ps)) for ps in table]
+  valid = [[1.0] * len(ps) + [0.0] * (width - len(ps)) for ps in table]
+  flat = tail.rounds * tail.num_ctas + np.arange(tail.rest)
+  batch, head, tile = coords(flat)
+  b, s, k, h = dst.shape
+  got = parts.reshape(-1, tile_rows, h)[jnp.asarray(index, jnp.int32)]   # [r, width, rows, H]
+  total = jnp.einsum("uprh,up->urh", got, jnp.asarray(valid, jnp.float32),
+                     precision=lax.Precision.HIGHEST) * scale
+  out = dst.reshape(b, s // tile_rows, tile_rows, k, h)
+  order = np.lexsort((head, tile, batch))        # ascending (batch, tile, head) tuples
+  out = out.at[batch[order], tile[order], :, head[order], :].set(
+      total[order].astype(dst.dtype), unique_indices=True, indices_are_sorted=True)
+  return out.reshape(dst.shape)
 
 
 def workspace_types(tail: Tail, *, tile_rows: int, head_dim: int, dtype):
