@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn import masks
+from pallas_attn.mosaic import stream_tail
 from pallas_attn.mosaic.fused_dq import FusedDQ, dq_width
 from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, produce, slot_releases,
                                         tile_ranges)
@@ -152,7 +153,8 @@ def _split_refs(refs, st: Statics, has_meta: bool):
 
 def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = "",
                 num_ctas: int = 0, grid_tiles: tuple[int, int, int] = (0, 0, 0),
-                self_fed: bool = False):
+                self_fed: bool = False, main_tiles: int = 0,
+                tail: stream_tail.Tail | None = None):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, dq_acc], dk, dv[, dq_parts], smem,
   barriers.
 
@@ -175,6 +177,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   input by TMA reductions (compiled); "partials" = each K/V tile's partial written to its own
   slice of ``dq_parts`` [tiles, B, T, N, H] and summed outside (interpret mode, whose TMA has
   no reductions).
+
+  Stream-K for the last partial wave (``Config.bwd_stream_tail``, unmasked grid form; see
+  ``stream_tail.py``): ``main_tiles`` > 0: the grid's CTAs from flat index ``main_tiles`` on
+  (heads fastest, as launched) do nothing. ``tail``: the persistent form runs only those
+  tiles, each CTA its one or two parts (Q blocks [lo, hi) of every head of the group), and
+  writes float32 partials (dK already scaled) to ``dk`` / ``dv`` [num_ctas, 2, keys, H]
+  instead of dK, dV; ``stream_tail.merge_sum`` adds them in query order.
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
@@ -198,6 +207,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     lo, lo_full, hi_full, hi, kv_len = 0, 0, num_q_blocks, num_q_blocks, None
     batch = kv_head = tile = None
     my_tiles = persistent_tile_count(cta, num_ctas, grid_tiles)
+    if tail is not None:
+      my_tiles, tail_item = stream_tail.tail_items(cta, tail)
   else:
     batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
         meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks,
@@ -249,10 +260,14 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         for wait in waits:
           wait(lax.rem(i, stages))
 
-  def consume(batch, kv_head, tile, k_smem, v_smem, base):
+  def consume(batch, kv_head, tile, k_smem, v_smem, base, span=None, part=None):
     """One K/V tile of this consumer (K, V in ``k_smem``, ``v_smem``): every Q block of every
     head of its group, ring steps from ``base`` on; then dK, dV out through the same buffers
-    (TMA stores issued, not waited for)."""
+    (TMA stores issued, not waited for). ``span`` = (lo, hi): only Q blocks [lo, hi) (a tail
+    part, unmasked), its float32 partials stored from registers to slot ``part``."""
+    lo_, lo_full_, hi_full_, hi_ = (lo, lo_full, hi_full, hi) if span is None else (
+        span[0], span[0], span[1], span[1])
+    per_head_ = hi_ - lo_
     keys = tile_keys(tile)
     k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
     col = plgpu.Layout.WGMMA.reduce(0)
@@ -329,8 +344,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM
       (a masked step with ``halves``: each 64-query half in turn)."""
       dk, dv = carry
-      refill(base + n * per_head + (i - lo))
-      slot = lax.rem(base + n * per_head + (i - lo), stages)
+      refill(base + n * per_head_ + (i - lo_))
+      slot = lax.rem(base + n * per_head_ + (i - lo_), stages)
       wait_inputs(slot)
       for h in ((0, 1) if masked and halves else (None,)):
         q_op, do_op = (r.at[slot] if h is None else r.at[slot, _half_rows(h, bq)]
@@ -347,7 +362,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         dst = grad_logits_t(gt, dpt, slot, half=h)
         dk = _matmul_acc(dk, dst, q_op, staging, registers=st.registers_pv)
         if fdq is not None:
-          fdq.step(n * per_head + (i - lo), dst)
+          fdq.step(n * per_head_ + (i - lo_), dst)
       release_q(slot)
       return dk, dv
 
@@ -357,7 +372,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dK += dS^T Q after it, so the ALU work of each half hides behind a matmul (FA3 Section
       3.3). The accumulators stay in place across the loop."""
       dk_acc, dv_acc = accs
-      step_no = base + n * per_head + (i - lo)
+      step_no = base + n * per_head_ + (i - lo_)
       slot = lax.rem(step_no, stages)
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
@@ -437,12 +452,12 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     if st.registers_pv:
       def run(dk_acc, dv_acc):
         def per_group_head(n, accs):
-          return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step_async(n, i, c, m), accs,
+          return _visit(lo_, lo_full_, hi_full_, hi_, lambda i, c, m: step_async(n, i, c, m), accs,
                         st)
         lax.fori_loop(0, st.groups, per_group_head, (dk_acc, dv_acc))
         if defer:
           plgpu.wgmma_wait(0)
-          steps = st.groups * per_head
+          steps = st.groups * per_head_
           pl.when(steps > 0)(lambda: release_step(lax.rem(steps - 1, stages)))
         return dk_acc[...], dv_acc[...]
       acc = plgpu.ACC((bkv, k_smem.shape[-1]), jnp.float32)
@@ -452,18 +467,28 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
                                 plgpu.Layout.WGMMA)
 
       def per_group_head(n, carry):
-        return _visit(lo, lo_full, hi_full, hi, lambda i, c, m: step(n, i, c, m), carry, st)
+        return _visit(lo_, lo_full_, hi_full_, hi_, lambda i, c, m: step(n, i, c, m), carry, st)
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
     if fdq is not None:
-      fdq.finish(st.groups * per_head)
+      fdq.finish(st.groups * per_head_)
     drain_ring()
+    if part is not None:
+      own = pl.ds(wg * bkv, bkv)
+      dk_ref.at[cta, part, own][...] = dk * st.scale
+      dv_ref.at[cta, part, own][...] = dv
+      return
     k_smem[...] = (dk * st.scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[batch, keys, kv_head])
     plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[batch, keys, kv_head])
 
-  @pl.when(wg < COMPUTE_WGS)
+  live = True
+  if main_tiles:          # (bwd_stream_tail) the grid's tail CTAs: a separate launch runs them
+    heads, kv_tiles, _ = grid_tiles
+    live = kv_head + heads * (tile + kv_tiles * batch) < main_tiles
+
+  @pl.when((wg < COMPUTE_WGS) & live)
   def _consumer():
     if not self_fed:
       plgpu.set_max_registers(st.consumer_registers, action="increase")
@@ -494,6 +519,21 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     def wait_kv(buf):
       plgpu.barrier_wait(kv_ready.at[4 * wg + 2 * buf])
       plgpu.barrier_wait(kv_ready.at[4 * wg + 2 * buf + 1])
+    if tail is not None:
+      # The tail's parts: as persistent_consumer_loop, over Q block spans of their own.
+      pl.when(my_tiles > 0)(lambda: load_kv(tail_item(0)[0], 0))
+
+      def part_body(j, base):
+        flat, lo_j, hi_j, part = tail_item(j)
+        buf = lax.rem(j, 2)
+        wait_kv(buf)
+        pl.when(j + 1 < my_tiles)(lambda: load_kv(tail_item(j + 1)[0], 1 - buf))
+        consume(*decode(flat), k_smem2.at[buf, wg], v_smem2.at[buf, wg], base,
+                span=(lo_j, hi_j), part=part)
+        return base + st.groups * (hi_j - lo_j)
+      lax.fori_loop(0, my_tiles, part_body, jnp.int32(0))
+      st.wait_stores()
+      return
     persistent_consumer_loop(
         cta=cta, num_ctas=num_ctas, my_tiles=my_tiles, load=load_kv, wait=wait_kv,
         consume=lambda t, buf, it: consume(*decode(t), k_smem2.at[buf, wg], v_smem2.at[buf, wg],
@@ -503,11 +543,23 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   if self_fed:                  # (no producer warpgroup in the launch)
     return
 
-  @pl.when(wg == COMPUTE_WGS)
+  @pl.when((wg == COMPUTE_WGS) & live)
   def _producer():
     plgpu.set_max_registers(producer_registers(st), action="decrease")
     locate = None
-    if persist:
+    if persist and tail is not None:
+      # Ring step -> (batch, K/V head, step within the part, its first Q block, its blocks).
+      span = lambda j: tail_item(j)[2] - tail_item(j)[1]
+      first = st.groups * span(0)
+      parts_steps = (jnp.where(my_tiles > 0, first, 0)
+                     + jnp.where(my_tiles > 1, st.groups * span(1), 0))
+
+      def locate(step):
+        j = (step >= first).astype(jnp.int32)
+        flat, lo_j, hi_j, _ = tail_item(j)
+        b, h, _ = decode(flat)
+        return b, h, step - j * first, lo_j, hi_j - lo_j
+    elif persist:
       def locate(step):      # ring step -> (batch, K/V head, step within the tile)
         b, h, _ = decode(cta + lax.div(step, tile_steps) * num_ctas)
         return b, h, lax.rem(step, tile_steps)
@@ -515,7 +567,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
                             (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
                             batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st,
                             locate=locate)
-    if persist:
+    if persist and tail is not None:
+      produce(parts_steps, stages, fetch, waits)
+    elif persist:
       produce(my_tiles * tile_steps, stages, fetch, waits)
     elif st.dq_writer and fdq is not None:
       fdq.writer_loop(fetch, waits, st.groups * per_head, stages)
@@ -576,7 +630,8 @@ def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Stat
   ``lo + s % per_head``; it TMA-loads that block's Q, dO, its L2 / D record ([2, block_q], one
   copy) and, with segment ids, its query segment ids into ring slot ``s % num_stages``.
   ``locate(s) -> (batch, kv_head, step within the tile)`` (the persistent form) replaces the
-  fixed ``batch`` and ``kv_head``."""
+  fixed ``batch`` and ``kv_head``; with two more entries, (first Q block, blocks per head) of
+  a tail part replace ``lo`` and ``per_head``."""
   q_ref, do_ref, rows_ref, q_seg_ref = gmem
   q_smem, do_smem, rows_smem, qseg_smem = smem
   q_ready, do_ready, rows_ready = ready
@@ -584,9 +639,11 @@ def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Stat
 
   def fetch(step):
     slot = lax.rem(step, stages)
-    b, kvh, local = (batch, kv_head, step) if locate is None else locate(step)
-    head = kvh * st.groups + lax.div(local, jnp.maximum(per_head, 1))
-    rows = pl.ds((lo + lax.rem(local, jnp.maximum(per_head, 1))) * bq, bq)
+    where = (batch, kv_head, step) if locate is None else locate(step)
+    b, kvh, local = where[:3]
+    first, blocks = (lo, per_head) if len(where) == 3 else where[3:]   # (a tail part's own)
+    head = kvh * st.groups + lax.div(local, jnp.maximum(blocks, 1))
+    rows = pl.ds((first + lax.rem(local, jnp.maximum(blocks, 1))) * bq, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, head], q_smem.at[slot], q_ready.at[slot])
     plgpu.copy_gmem_to_smem(do_ref.at[b, rows, head], do_smem.at[slot], do_ready.at[slot])
     plgpu.copy_gmem_to_smem(rows_ref.at[b, head, :, rows], rows_smem.at[slot],

@@ -170,6 +170,12 @@ class Config:
       with their own lse and merged by XLA in key order (``stream_tail.py``: deterministic,
       two bf16 roundings of a tail row). On by default for unmasked calls from 4096 keys
       (``default_config``).
+    bwd_stream_tail: ``stream_tail`` for the unmasked grid dK/dV kernel: its launch runs the
+      first R * SMs (K/V head, K/V tile, batch) tiles (the rest exit at once), then a
+      persistent launch runs the tail tiles' Q blocks dealt evenly, one or two parts a CTA,
+      float32 partials added by XLA in query order (deterministic). Not with the persistent,
+      self-fed, fused-dQ or split forms, masks or ``seq_major``. Interpret-tested, untimed:
+      off.
     dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin
@@ -358,6 +364,7 @@ class Config:
   persistent: bool = False
   dynamic_schedule: bool = False
   stream_tail: bool = False
+  bwd_stream_tail: bool = False
   consumers: int = 2
   exp2_poly_cols: int = 0
   sum_in_pv: bool = False

@@ -186,7 +186,7 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
                            st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
                            split=split, seq_major=cfg.seq_major, persistent=cfg.bwd_persistent,
-                           self_fed=cfg.bwd_self_fed)
+                           self_fed=cfg.bwd_self_fed, stream=cfg.bwd_stream_tail)
   return dq, dk, dv, None, None, None
 
 
@@ -324,7 +324,7 @@ def _delta(do, out, dlse, block: int, interpret):
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
               st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
               split: bool = False, seq_major: bool = False, persistent: bool = False,
-              self_fed: bool = False):
+              self_fed: bool = False, stream: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -439,9 +439,35 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         backward_dq.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
                             persistent=dq_persist),
         *dq_grid, tuple(dq_out), meta_dq, extra_inputs=o_in, params=dq_compiler_params(st_dq))
+    rows_in = rows_done[0] if rows_done else None
+    # Config.bwd_stream_tail: the grid runs the first R * SMs tiles, a persistent launch the
+    # rest as Stream-K parts, merged here (stream_tail.py).
+    tile_keys = kernels.COMPUTE_WGS * bkv
+    tail = stream_tail.Tail(kh * kv_tiles * b, min(_num_sms(interpret), kh * kv_tiles * b),
+                            tq // bq)
+    stream = (stream and tail.rest > 0 and not (split or has_meta or persist or self_fed
+                                                or seq_major or st_dkdv.defer_wait)
+              and kp.shape[1] % tile_keys == 0
+              and backward_smem_bytes(st=st_dkdv, head_dim=hp, persistent=True)
+              <= SMEM_LIMIT_BYTES)
+    if stream:
+      dkdv_kernel = functools.partial(dkdv_kernel, main_tiles=tail.rounds * tail.num_ctas,
+                                      grid_tiles=(kh, kv_tiles, b))
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv,
-                  rows_in=rows_done[0] if rows_done else None,
-                  threads=kernels.COMPUTE_WGS + (0 if self_fed else 1))
+                  rows_in=rows_in, threads=kernels.COMPUTE_WGS + (0 if self_fed else 1))
+    if stream:
+      part = jax.ShapeDtypeStruct((tail.num_ctas, 2, tile_keys, hp), jnp.float32)
+      dkp, dvp = call(
+          "dkdv_tail", functools.partial(backward.dkdv_kernel, st=st_dkdv, has_meta=False,
+                                         num_q_blocks=tq // bq, num_ctas=tail.num_ctas,
+                                         grid_tiles=(kh, kv_tiles, b), tail=tail),
+          backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=False,
+                                persistent=True),
+          (tail.num_ctas,), ("cta",), (part, part), None, rows_in=rows_in)
+      coords = lambda f: (f // (kh * kv_tiles), (f // kh) % kv_tiles, f % kh)
+      coords_bht = lambda f: (coords(f)[0], coords(f)[2], coords(f)[1])   # (batch, head, tile)
+      dk = stream_tail.merge_sum(dk, dkp, tail=tail, coords=coords_bht, tile_rows=tile_keys)
+      dv = stream_tail.merge_sum(dv, dvp, tail=tail, coords=coords_bht, tile_rows=tile_keys)
   elif interpret:
     dk, dv, parts = call("dkdv",
                          functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
