@@ -13,6 +13,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_attn.mosaic import stream_tail
 from pallas_attn.mosaic.backward import (_TILED, _decode_tile, _grad_logits, _logits2,
                                          _matmul_acc, _product, _split_refs, _tile_mask, _visit,
                                          persistent_consumer_loop, persistent_tile_count,
@@ -23,7 +24,8 @@ from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, heavy_first_tile, 
 
 
 def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
-              grid_tiles: tuple[int, int, int] = (0, 0, 0)):
+              grid_tiles: tuple[int, int, int] = (0, 0, 0), main_tiles: int = 0,
+              tail: stream_tail.Tail | None = None):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, o], dq[, rows_out], smem, barriers.
 
   ``rows`` is [B, N, 2, T] float32: L2 and D side by side, one TMA per tile. With
@@ -32,6 +34,14 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
   ``num_ctas`` > 0: the persistent form (``Config.bwd_persistent``, unmasked calls), as in
   ``dkdv_kernel``: CTAs loop over the (head, Q tile, batch) tiles of ``grid_tiles``, the K/V
   ring runs on across tiles and each consumer double-buffers its Q, dO, L2/D (and O) tiles.
+
+  Stream-K for the last partial wave (``Config.bwd_stream_tail``, unmasked grid form, as in
+  ``dkdv_kernel``): ``main_tiles`` > 0: the grid's CTAs from flat index ``main_tiles`` on
+  (heads fastest) do nothing. ``tail``: a launch of ``tail.num_ctas`` CTAs ("cta") runs only
+  those tiles, each CTA its one or two parts (K/V blocks [lo, hi)) one after the other (the
+  persistent form's second buffers do not fit next to O's at H = 128), writing float32
+  partials (already scaled) to ``dq`` [num_ctas, 2, rows, H] and the tiles' finished L2 / D
+  records to ``rows_out`` (every part of a tile writes the same values).
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
@@ -45,8 +55,13 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
   bq, bkv, stages, v_ring = st.block_q, st.block_kv, st.num_stages, st.v_ring
   (release_k, release_v), waits = slot_releases((k_free, v_free), st, stages=(stages, v_ring))
   wg = lax.axis_index("wg")
-  persist = num_ctas > 0
-  if persist:
+  persist = num_ctas > 0 and tail is None
+  if tail is not None:
+    cta = lax.axis_index("cta")
+    batch = head = tile = kv_len = None
+    lo, lo_full, hi_full, hi = 0, 0, st.num_kv_blocks, st.num_kv_blocks
+    my_tiles, tail_item = stream_tail.tail_items(cta, tail)
+  elif persist:
     cta = lax.axis_index("cta")
     batch = head = tile = kv_len = None
     lo, lo_full, hi_full, hi = 0, 0, st.num_kv_blocks, st.num_kv_blocks
@@ -83,9 +98,13 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       plgpu.copy_gmem_to_smem(o_ref.at[batch, rows, head], qbuf(o_smem2, buf),
                               bar(4 * COMPUTE_WGS + wg, buf))
 
-  def consume(batch, head, tile, buf, base):
+  def consume(batch, head, tile, buf, base, span=None, part=None):
     """One Q tile of this consumer (loaded into buffer ``buf``): every K/V block, ring steps
-    from ``base`` on; then dQ out through Q's buffer (the TMA store issued, not waited for)."""
+    from ``base`` on; then dQ out through Q's buffer (the TMA store issued, not waited for).
+    ``span`` = (lo, hi): only K/V blocks [lo, hi) (a tail part, unmasked), its float32
+    partial stored from registers to slot ``part``."""
+    lo_, lo_full_, hi_full_, hi_ = (lo, lo_full, hi_full, hi) if span is None else (
+        span[0], span[0], span[1], span[1])
     q_start = tile * (COMPUTE_WGS * bq) + wg * bq
     rows = pl.ds(q_start, bq)
     q_smem, do_smem, rows_smem = qbuf(q_smem2, buf), qbuf(do_smem2, buf), qbuf(rows_smem2, buf)
@@ -125,7 +144,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       seg_q = seg_k = None
       if st.has_segments:
         seg_k = lax.broadcast_in_dim(
-            plgpu.load(kvseg_smem.at[lax.rem(j - lo, stages)],
+            plgpu.load(kvseg_smem.at[lax.rem(j - lo_, stages)],
                        layout=plgpu.Layout.WGMMA.reduce(0)), shape, [1])
         seg_q = lax.broadcast_in_dim(q_seg, shape, [0])
       return _tile_mask(q_pos, k_pos, kv_len, seg_q, seg_k, st)
@@ -144,7 +163,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
 
     def step(j, dq, masked: bool):
       """Interpret form: one synchronous wgmma at a time, dS staged through SMEM."""
-      slot, v_slot = lax.rem(base + j - lo, stages), lax.rem(base + j - lo, v_ring)
+      slot, v_slot = lax.rem(base + j - lo_, stages), lax.rem(base + j - lo_, v_ring)
       plgpu.barrier_wait(k_ready.at[slot])
       if st.has_segments:
         plgpu.barrier_wait(seg_ready.at[slot])
@@ -162,7 +181,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       """Compiled form: S = Q K^T and dP = dO V^T issued back to back, P computed while the
       tensor cores run dP (FA3 Section 3.3's overlap of softmax and matmul), dQ += dS K
       accumulated in place."""
-      slot, v_slot = lax.rem(base + j - lo, stages), lax.rem(base + j - lo, v_ring)
+      slot, v_slot = lax.rem(base + j - lo_, stages), lax.rem(base + j - lo_, v_ring)
       # A shallower V ring (``st.v_stages``) fills V later than K: S is issued before V is
       # waited for. With equal rings the two waits come first (the kernel as measured).
       split_rings = v_ring != stages
@@ -178,7 +197,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
           # S's accumulator is read (and P computed) before dP's is in flight.
           s = plgpu.wgmma_accumulator_load(s_acc, wait_n=0)
           if st.defer_wait:   # the previous step's dQ wgmma (older than S) is done too
-            pl.when(j > lo)(lambda: release_k(lax.rem(j - 1 - lo, stages)))
+            pl.when(j > lo_)(lambda: release_k(lax.rem(j - 1 - lo_, stages)))
           p, t, mask = probs(s, j, masked)
           if split_rings:
             plgpu.barrier_wait(v_ready.at[v_slot])
@@ -189,7 +208,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
         plgpu.wgmma(dp_acc, do_op, v_smem.at[v_slot].transpose((1, 0)))
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if st.defer_wait:     # the previous step's dQ wgmma (older than S) is done too
-          pl.when(j > lo)(lambda: release_k(lax.rem(j - 1 - lo, stages)))
+          pl.when(j > lo_)(lambda: release_k(lax.rem(j - 1 - lo_, stages)))
         p, t, mask = probs(s, j, masked)
         return p, t, mask, plgpu.wgmma_accumulator_load(dp_acc, wait_n=0)
       acc = plgpu.ACC(shape, jnp.float32)
@@ -203,25 +222,44 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
 
     if st.registers_pv:
       def run(dq_acc):
-        _visit(lo, lo_full, hi_full, hi, step_async, dq_acc, st)
+        _visit(lo_, lo_full_, hi_full_, hi_, step_async, dq_acc, st)
         if st.defer_wait:
           plgpu.wgmma_wait(0)
-          pl.when(hi > lo)(lambda: release_k(lax.rem(hi - 1 - lo, stages)))
+          pl.when(hi_ > lo_)(lambda: release_k(lax.rem(hi_ - 1 - lo_, stages)))
         return dq_acc[...]
       dq = pl.run_scoped(run, plgpu.ACC((bq, q_smem.shape[-1]), jnp.float32))
     else:
       dq = plgpu.layout_cast(jnp.full((bq, q_smem.shape[-1]), 0.0, jnp.float32),
                              plgpu.Layout.WGMMA)
-      dq = _visit(lo, lo_full, hi_full, hi, step, dq, st)
+      dq = _visit(lo_, lo_full_, hi_full_, hi_, step, dq, st)
+    if part is not None:
+      dq_ref.at[cta, part, pl.ds(wg * bq, bq)][...] = dq * st.scale
+      return
     q_smem[...] = (dq * st.scale).astype(q_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[batch, rows, head])
 
-  @pl.when(wg < COMPUTE_WGS)
+  live = True
+  if main_tiles:          # (bwd_stream_tail) the grid's tail CTAs: a separate launch runs them
+    heads, q_tiles, _ = grid_tiles
+    live = head + heads * (lax.axis_index("q_seq") + q_tiles * batch) < main_tiles
+
+  @pl.when((wg < COMPUTE_WGS) & live)
   def _consumer():
     # Register reallocation as in the forward: without it each of the 3 x 128 threads gets at most
     # 168 registers, too few for a consumer's fp32 accumulator(s) next to S and dP.
     plgpu.set_max_registers(st.consumer_registers, action="increase")
+    if tail is not None:
+      def part_body(j, base):             # the parts one after the other, one buffer set
+        flat, lo_j, hi_j, part = tail_item(j)
+        # The previous part's L2 / D record store has read its buffer.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        load_q(*decode(flat), 0)
+        consume(*decode(flat), 0, base, span=(lo_j, hi_j), part=part)
+        return base + hi_j - lo_j
+      lax.fori_loop(0, my_tiles, part_body, jnp.int32(0))
+      st.wait_stores()
+      return
     if not persist:
       load_q(batch, head, tile, 0)
       consume(batch, head, tile, 0, 0)
@@ -233,11 +271,24 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
         consume=lambda t, buf, it: consume(*decode(t), buf, it * tile_steps))
     st.wait_stores()
 
-  @pl.when(wg == COMPUTE_WGS)
+  @pl.when((wg == COMPUTE_WGS) & live)
   def _producer():
     plgpu.set_max_registers(producer_registers(st), action="decrease")
     rings = ((k_ref, v_ref, kv_seg_ref), (k_smem, v_smem, kvseg_smem),
              (k_ready, v_ready, seg_ready))
+    if tail is not None:
+      span = lambda j: tail_item(j)[2] - tail_item(j)[1]
+      first = span(0)
+
+      def fetch(step):     # ring step -> K/V block of part 0, then of part 1
+        j = (step >= first).astype(jnp.int32)
+        flat, lo_j, _, _ = tail_item(j)
+        b, h, _ = decode(flat)
+        kv_fetcher(*rings, batch=b, kv_head=lax.div(h, jnp.int32(st.groups)), first=lo_j,
+                   st=st)(step - j * first, slot=lax.rem(step, stages))
+      produce(jnp.where(my_tiles > 0, first, 0) + jnp.where(my_tiles > 1, span(1), 0), stages,
+              fetch, waits)
+      return
     if persist:
       def fetch(step):     # ring step -> K/V block of this CTA's tile step // tile_steps
         b, h, _ = decode(cta + lax.div(step, tile_steps) * num_ctas)

@@ -170,12 +170,13 @@ class Config:
       with their own lse and merged by XLA in key order (``stream_tail.py``: deterministic,
       two bf16 roundings of a tail row). On by default for unmasked calls from 4096 keys
       (``default_config``).
-    bwd_stream_tail: ``stream_tail`` for the unmasked grid dK/dV kernel: its launch runs the
-      first R * SMs (K/V head, K/V tile, batch) tiles (the rest exit at once), then a
-      persistent launch runs the tail tiles' Q blocks dealt evenly, one or two parts a CTA,
-      float32 partials added by XLA in query order (deterministic). Not with the persistent,
-      self-fed, fused-dQ or split forms, masks or ``seq_major``. Interpret-tested, untimed:
-      off.
+    bwd_stream_tail: ``stream_tail`` for the unmasked grid backward kernels: the dK/dV
+      launch runs the first R * SMs (K/V head, K/V tile, batch) tiles (the rest exit at once),
+      then a persistent launch runs the tail tiles' Q blocks dealt evenly, one or two parts a
+      CTA; the dQ kernel likewise over its (head, Q tile, batch) tiles and K/V blocks (the
+      parts of a CTA one after the other). Float32 partials added by XLA in query / key order
+      (deterministic). Not with the persistent, self-fed, fused-dQ or split forms, masks or
+      ``seq_major``. Interpret-tested, untimed: off.
     dynamic_schedule: with ``persistent`` and a causal / window mask, each CTA claims its next
       tile from a global atomic counter, heaviest tiles first (``schedule.py``), instead of a
       static deal. Compiled only for the atomic (interpret mode publishes the round-robin

@@ -434,11 +434,34 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     if delta_in_dq:
       dq_out.append(jax.ShapeDtypeStruct(rows.shape, jnp.float32))       # the finished record
       o_in = match_vma([outp], axes) if axes else [outp]
+    # Config.bwd_stream_tail (stream_tail.py), here for the dQ kernel: the grid runs the first
+    # R * SMs (head, Q tile, batch) tiles; a second launch the rest as Stream-K parts over the
+    # K/V blocks, merged below.
+    q_tiles = (n, tq // dq_rows, b)
+    dq_tail = stream_tail.Tail(math.prod(q_tiles), min(_num_sms(interpret), math.prod(q_tiles)),
+                               st_dq.num_kv_blocks)
+    dq_stream = (stream and dq_tail.rest > 0 and not (has_meta or dq_persist or seq_major
+                                                      or st_dq.defer_wait)
+                 and st_dq.v_ring == st_dq.num_stages and qp.shape[1] % dq_rows == 0)
+    if dq_stream:
+      dq_kw.update(main_tiles=dq_tail.rounds * dq_tail.num_ctas, grid_tiles=q_tiles)
+    dq_scratch = backward_dq.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype,
+                                        has_meta=has_meta, persistent=dq_persist)
     dq, *rows_done = call(
-        "dq", functools.partial(backward_dq.dq_kernel, **dq_kw),
-        backward_dq.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=has_meta,
-                            persistent=dq_persist),
+        "dq", functools.partial(backward_dq.dq_kernel, **dq_kw), dq_scratch,
         *dq_grid, tuple(dq_out), meta_dq, extra_inputs=o_in, params=dq_compiler_params(st_dq))
+    if dq_stream:
+      part = jax.ShapeDtypeStruct((dq_tail.num_ctas, 2, dq_rows, hp), jnp.float32)
+      dqp, *rows_tail = call(
+          "dq_tail", functools.partial(backward_dq.dq_kernel, st=st_dq, has_meta=False,
+                                       grid_tiles=q_tiles, tail=dq_tail),
+          dq_scratch, (dq_tail.num_ctas,), ("cta",), (part, *dq_out[1:]), None,
+          extra_inputs=o_in, params=dq_compiler_params(st_dq))
+      coords = lambda f: (f // (n * q_tiles[1]), f % n, (f // n) % q_tiles[1])  # batch, head, tile
+      dq = stream_tail.merge_sum(dq, dqp, tail=dq_tail, coords=coords, tile_rows=dq_rows)
+      if rows_done:                   # the tail tiles' L2 / D records came from the tail launch
+        rows_done = [stream_tail.merge_rows(rows_done[0], rows_tail[0], tail=dq_tail,
+                                            coords=coords, tile_rows=dq_rows)]
     rows_in = rows_done[0] if rows_done else None
     # Config.bwd_stream_tail: the grid runs the first R * SMs tiles, a persistent launch the
     # rest as Stream-K parts, merged here (stream_tail.py).

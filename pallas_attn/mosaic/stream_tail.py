@@ -170,6 +170,20 @@ def merge_sum(dst, parts, *, tail: Tail, coords, tile_rows: int, scale: float = 
   return out.reshape(dst.shape)
 
 
+def merge_rows(main, tail_rows, *, tail: Tail, coords, tile_rows: int):
+  """The backward's [B, N, 2, T] L2 / D record: the tail tiles' rows from ``tail_rows`` (the
+  tail launch's record), the rest from ``main``."""
+  flat = tail.rounds * tail.num_ctas + np.arange(tail.rest)
+  batch, head, tile = coords(flat)
+  b, n, two, t = main.shape
+  shape = (b, n, two, t // tile_rows, tile_rows)
+  order = np.lexsort((tile, head, batch))         # ascending (batch, head, tile) tuples
+  batch, head, tile = batch[order], head[order], tile[order]
+  got = tail_rows.reshape(shape)[batch, head, :, tile, :]
+  return main.reshape(shape).at[batch, head, :, tile, :].set(
+      got, unique_indices=True, indices_are_sorted=True).reshape(main.shape)
+
+
 def workspace_types(tail: Tail, *, tile_rows: int, head_dim: int, dtype):
   """The kernel's two extra outputs: the parts' O and lse."""
   return (jax.ShapeDtypeStruct((tail.num_ctas, 2, tile_rows, head_dim), dtype),

@@ -256,10 +256,13 @@ def test_backward_tail_same_outside_close_inside_in_interpret_mode(t, s, n, kh, 
   assert ("flash_attention_dkdv_tail" in traced) == bool(tail.rest)
 
 
-def test_backward_tail_matches_reference_in_interpret_mode():
-  """5 K/V tiles of 128 keys on 3 CTAs (2 tail tiles of 2 Q blocks x 2 heads: parts cut at
-  1 1/3 block steps), GQA 2:1, against the reference under the ratio rule."""
-  case = H.Case(t=128, s=640, n=2, kh=1, h=64, b=1, seed=871)
+@pytest.mark.parametrize("case", [
+    # 5 K/V tiles of 128 keys on 3 CTAs: 2 dK/dV tail tiles of 2 Q blocks x 2 heads (GQA 2:1)
+    H.Case(t=128, s=640, n=2, kh=1, h=64, b=1, seed=871),
+    # 5 Q tiles of 128 rows on 3 CTAs: 2 dQ tail tiles of 2 K/V blocks
+    H.Case(t=640, s=128, n=1, kh=1, h=64, b=1, seed=876)], ids=lambda c: c.id)
+def test_backward_tail_matches_reference_in_interpret_mode(case):
+  """Against the reference under the ratio rule."""
   H.check_case(case, "mosaic", config=Config(**BWD))
 
 
@@ -279,7 +282,7 @@ def test_backward_tail_lowers_for_sm90():
     return jnp.sum(out.astype(jnp.float32))
   text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
       lowering_platforms=("cuda",)).as_text()
-  assert "flash_attention_dkdv_tail" in text
+  assert "flash_attention_dkdv_tail" in text and "flash_attention_dq_tail" in text
 
 
 @pytest.mark.gpu
@@ -293,3 +296,31 @@ def test_backward_tail_matches_reference_compiled(case):
   cfg = dataclasses.replace(H.mosaic_default_config(case), bwd_stream_tail=True,
                             bwd_persistent=False)
   H.check_case(case, "mosaic", config=cfg)
+
+
+@pytest.mark.parametrize("t,s,n,kh", [(640, 256, 1, 1), (640, 384, 2, 1)])
+def test_dq_tail_same_outside_close_inside_in_interpret_mode(t, s, n, kh):
+  """dQ tiles of 128 rows: 5 (or 2 x 5) on 3 CTAs, 2 (or 1) tail tiles cut over 4 (6) K/V
+  blocks of 64 keys (S a multiple of the dK/dV kernel's 128-key tile: unmasked). dQ of the whole tiles bitwise the grid's, the tail tiles' within float32
+  reordering; out, dK, dV unchanged (the L2 / D records of the tail tiles come from the tail
+  launch: the same values)."""
+  cfg = dict(bwd_block_kv=64)
+  got = _grads(Config(**BWD, **cfg), t=t, s=s, n=n, kh=kh)
+  want = _grads(Config(backward="mosaic", **cfg), t=t, s=s, n=n, kh=kh)
+  tiles = n * (t // 128)
+  tail = Tail(tiles, min(tiles, ops.INTERPRET_CTAS), s // 64)
+  in_tail = np.zeros((t // 128, n), bool)
+  for f in range(tail.rounds * tail.num_ctas, tiles):   # heads fastest, as the grid launches
+    in_tail[(f // n) % (t // 128), f % n] = True
+  rows = np.repeat(in_tail, 128, axis=0)[None, :, :, None]     # [1, T, N, 1]
+  for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
+    if name != "dq":
+      assert np.array_equal(a, w), name
+      continue
+    assert np.array_equal(np.where(rows, 0, a), np.where(rows, 0, w)), name
+    assert np.max(np.abs(a - w)) <= 1e-2 * np.max(np.abs(w)), name
+  q, k, v = H.qkv_inputs(1, t, s, n, kh, 64, seed=870)
+  f = lambda q, k, v: flash_attention(q, k, v, implementation="mosaic",
+                                      config=Config(**BWD, **cfg),
+                                      interpret=True).astype(jnp.float32).sum()
+  assert "flash_attention_dq_tail" in str(jax.make_jaxpr(jax.grad(f))(q, k, v))
