@@ -231,8 +231,9 @@ def _grads(cfg, *, t, s, n, kh, h=64, b=1, seed=870):
 @pytest.mark.parametrize("t,s,n,kh,b", [(256, 640, 2, 1, 1), (192, 384, 4, 2, 2)])
 def test_backward_tail_same_outside_close_inside_in_interpret_mode(t, s, n, kh, b):
   """(1x5 tiles: 1 round + 2 tail tiles of 4 Q blocks x 2 heads; 2x2x3 = 12 tiles: 4 rounds,
-  no tail, so equal throughout.) dQ and the whole tiles' dK, dV bitwise the grid's; the tail
-  tiles' within float32 reordering (then bf16 rounding)."""
+  no tail, so equal throughout.) The whole tiles' dK, dV bitwise the grid's; the tail tiles'
+  within float32 reordering (then bf16 rounding). dQ may have a tail of its own (its test is
+  below): close here."""
   got = _grads(Config(**BWD), t=t, s=s, n=n, kh=kh, b=b)
   want = _grads(Config(backward="mosaic"), t=t, s=s, n=n, kh=kh, b=b)
   tiles = b * kh * (s // 128)
@@ -242,10 +243,11 @@ def test_backward_tail_same_outside_close_inside_in_interpret_mode(t, s, n, kh, 
     in_tail[f // (kh * (s // 128)), (f // kh) % (s // 128), f % kh] = True
   rows = np.repeat(in_tail, 128, axis=1)[..., None]      # [B, S, K, 1]
   for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
-    if name in ("out", "dq"):
+    if name == "out":
       assert np.array_equal(a, w), name
       continue
-    assert np.array_equal(np.where(rows, 0, a), np.where(rows, 0, w)), name
+    if name != "dq":
+      assert np.array_equal(np.where(rows, 0, a), np.where(rows, 0, w)), name
     assert np.max(np.abs(a - w)) <= 1e-2 * np.max(np.abs(w)), name
   # (Two partials' float32 sum differs from the running sum by ~1e-7: the bf16 gradients may
   # well be bitwise equal, so the tail launch's presence is checked in the traced program.)
