@@ -463,22 +463,21 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         rows_done = [stream_tail.merge_rows(rows_done[0], rows_tail[0], tail=dq_tail,
                                             coords=coords, tile_rows=dq_rows)]
     rows_in = rows_done[0] if rows_done else None
-    # Config.bwd_stream_tail: the grid runs the first R * SMs tiles, a persistent launch the
-    # rest as Stream-K parts, merged here (stream_tail.py).
+    # The same for the dK/dV kernel, its tail launch the persistent form with the parts.
     tile_keys = kernels.COMPUTE_WGS * bkv
     tail = stream_tail.Tail(kh * kv_tiles * b, min(_num_sms(interpret), kh * kv_tiles * b),
                             tq // bq)
-    stream = (stream and tail.rest > 0 and not (split or has_meta or persist or self_fed
-                                                or seq_major or st_dkdv.defer_wait)
-              and kp.shape[1] % tile_keys == 0
-              and backward_smem_bytes(st=st_dkdv, head_dim=hp, persistent=True)
-              <= SMEM_LIMIT_BYTES)
-    if stream:
+    dkdv_stream = (stream and tail.rest > 0 and not (split or has_meta or persist or self_fed
+                                                     or seq_major or st_dkdv.defer_wait)
+                   and kp.shape[1] % tile_keys == 0
+                   and backward_smem_bytes(st=st_dkdv, head_dim=hp, persistent=True)
+                   <= SMEM_LIMIT_BYTES)
+    if dkdv_stream:
       dkdv_kernel = functools.partial(dkdv_kernel, main_tiles=tail.rounds * tail.num_ctas,
                                       grid_tiles=(kh, kv_tiles, b))
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv,
                   rows_in=rows_in, threads=kernels.COMPUTE_WGS + (0 if self_fed else 1))
-    if stream:
+    if dkdv_stream:
       part = jax.ShapeDtypeStruct((tail.num_ctas, 2, tile_keys, hp), jnp.float32)
       dkp, dvp = call(
           "dkdv_tail", functools.partial(backward.dkdv_kernel, st=st_dkdv, has_meta=False,
@@ -487,10 +486,9 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
           backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=False,
                                 persistent=True),
           (tail.num_ctas,), ("cta",), (part, part), None, rows_in=rows_in)
-      coords = lambda f: (f // (kh * kv_tiles), (f // kh) % kv_tiles, f % kh)
-      coords_bht = lambda f: (coords(f)[0], coords(f)[2], coords(f)[1])   # (batch, head, tile)
-      dk = stream_tail.merge_sum(dk, dkp, tail=tail, coords=coords_bht, tile_rows=tile_keys)
-      dv = stream_tail.merge_sum(dv, dvp, tail=tail, coords=coords_bht, tile_rows=tile_keys)
+      coords = lambda f: (f // (kh * kv_tiles), f % kh, (f // kh) % kv_tiles)  # batch, head, tile
+      dk = stream_tail.merge_sum(dk, dkp, tail=tail, coords=coords, tile_rows=tile_keys)
+      dv = stream_tail.merge_sum(dv, dvp, tail=tail, coords=coords, tile_rows=tile_keys)
   elif interpret:
     dk, dv, parts = call("dkdv",
                          functools.partial(backward.dkdv_kernel, dq_sink="partials", **dkdv_kw),
