@@ -116,16 +116,22 @@ def part_table(tail: Tail) -> list[list[tuple[int, int, int, int]]]:
   return parts
 
 
+def _part_index(tail: Tail):
+  """[r, width] workspace slots (cta * 2 + part) of each tail tile's parts in key order,
+  padded with slot 0, and a numpy bool mask of the real entries."""
+  table = part_table(tail)
+  width = max(len(ps) for ps in table)
+  index = [[c * 2 + p for _, _, c, p in ps] + [0] * (width - len(ps)) for ps in table]
+  valid = [[True] * len(ps) + [False] * (width - len(ps)) for ps in table]
+  return jnp.asarray(index, jnp.int32), np.asarray(valid)
+
+
 def merge(out, lse, o_parts, lse_parts, *, tail: Tail, heads: int, tile_rows: int):
   """Writes the merged tail tiles into ``out`` [B, T, N, H] and ``lse`` [B, N, T] (T = tiles *
   tile_rows) from the workspace ``o_parts`` [C, 2, tile_rows, H] and ``lse_parts`` [C, 2,
   tile_rows] (natural-log lse). Tiles are numbered (batch, head, tile), tile fastest."""
-  table = part_table(tail)
-  width = max(len(ps) for ps in table)
-  # Unused entries point at slot 0 with weight exp(-inf) = 0.
-  index = [[c * 2 + p for _, _, c, p in ps] + [0] * (width - len(ps)) for ps in table]
-  valid = [[True] * len(ps) + [False] * (width - len(ps)) for ps in table]
-  index, valid = jnp.asarray(index, jnp.int32), jnp.asarray(valid)
+  index, valid = _part_index(tail)    # unused entries: slot 0 with weight exp(-inf) = 0
+  valid = jnp.asarray(valid)
   b, t, _, h = out.shape
   tiles = t // tile_rows
   flat = tail.rounds * tail.num_ctas + np.arange(tail.rest)
@@ -162,14 +168,11 @@ def merge_sum(dst, parts, *, tail: Tail, coords, tile_rows: int, scale: float = 
   ``dst`` [B, S, K, H] (rows tile * tile_rows + ...), from ``parts`` [C, 2, tile_rows, H]: the
   backward's dK / dV partials, linear in the queries, so no weights. ``coords(flat) -> (batch,
   head, tile)`` numbers the launch's tiles (numpy arrays in, numpy arrays out)."""
-  table = part_table(tail)
-  width = max(len(ps) for ps in table)
-  index = [[c * 2 + p for _, _, c, p in ps] + [0] * (width - len(ps)) for ps in table]
-  valid = [[1.0] * len(ps) + [0.0] * (width - len(ps)) for ps in table]
+  index, valid = _part_index(tail)
   flat = tail.rounds * tail.num_ctas + np.arange(tail.rest)
   batch, head, tile = coords(flat)
   b, s, k, h = dst.shape
-  got = parts.reshape(-1, tile_rows, h)[jnp.asarray(index, jnp.int32)]   # [r, width, rows, H]
+  got = parts.reshape(-1, tile_rows, h)[index]                   # [r, width, rows, H]
   total = jnp.einsum("uprh,up->urh", got, jnp.asarray(valid, jnp.float32),
                      precision=lax.Precision.HIGHEST) * scale
   out = dst.reshape(b, s // tile_rows, tile_rows, k, h)
