@@ -9,7 +9,7 @@ source benchmarks/setup_gpu.sh >/dev/null 2>&1
 source benchmarks/device_helpers.sh
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 echo "$name"
-gpu_tests 150 "tests/pallas_attn/test_mosaic_stream_tail.py"
+gpu_tests 140 "tests/pallas_attn/test_mosaic_stream_tail.py"
 breakdown bt_a 150 --rows 4x4096x16x128,2x8192x16x128 --causal 0 --peers cudnn \
     --variant "bt:bwd_stream_tail=True"
 breakdown bt_b 150 --rows 4x4096x16x128,2x8192x16x128 --causal 0 --peers cudnn \
@@ -20,6 +20,6 @@ case "$name" in
     one_fwd 1x16384x16x128 "" ""
     one_fwd 1x16384x16x128 "" "consumers=2,persistent=True"
     one_fwd 1x16384x16x128 "" "" ;;
-  *) breakdown bt_c 150 --rows 1x16384x16x128 --causal 0 --peers cudnn \
+  *) breakdown bt_c 110 --rows 1x16384x16x128 --causal 0 --peers cudnn \
          --variant "bt:bwd_stream_tail=True" ;;
 esac
