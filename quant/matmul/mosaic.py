@@ -166,7 +166,10 @@ def w4a16_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: St
     """B + z of group ``g`` of ring slot ``slot`` in the operand dtype (exact: B + z < 2B), B
     the magic number of ``_MAGIC``; a [64, span2] tile, or a scalar when symmetric."""
     if st.sym:
-      return jnp.asarray(st.magic + st.zero, st.dtype)
+      # A Python float (exact in bf16 / f16; weak-typed, so the planes keep their dtype):
+      # a jnp constant here became a literal that the run_state accumulator's loop
+      # could not lower (scaled_acc with symmetric groups, session 38).
+      return float(st.magic + st.zero)
     zvec = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
     return lax.broadcast_in_dim((zvec + st.magic).astype(st.dtype), (BN, span2), [0])
 

@@ -179,7 +179,10 @@ def stream_kernel(xt_ref, qt_ref, s_ref, z_ref, xs_ref, o_ref, scratch, *, st: S
 
   def zero_of(slot, g):
     if st.sym:
-      return jnp.asarray(st.magic + st.zero, st.dtype)
+      # A Python float (exact in bf16 / f16; weak-typed, so the planes keep their dtype):
+      # a jnp constant here became a literal that the run_state accumulator's loop
+      # could not lower (scaled_acc with symmetric groups, session 38).
+      return float(st.magic + st.zero)
     z = plgpu.load(z_ring.at[slot, wg, g], (), layout=row_vec).astype(jnp.float32)
     return lax.broadcast_in_dim((z + st.magic).astype(st.dtype), (BN, span2), [0])
 

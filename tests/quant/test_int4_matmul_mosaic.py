@@ -336,8 +336,9 @@ def _abstract_weight(k, n, *, group_size, sym, act_order):
     (16, 8192, 4096, 128, False, False, BF16, MosaicConfig(block_n=256, num_stages=2)),
     (1, 4096, 4096, 128, True, True, BF16, MosaicConfig(block_n=64, num_stages=4, split_k=2)),
     (8, 4096, 1024, 128, False, False, F16, MosaicConfig(block_k=512, registers_a=False)),
+    (256, 1024, 1031, 64, True, False, BF16, None),   # scaled_acc + a symmetric zero (s38 bug)
 ], ids=["decode", "split_act_order_f16", "g32", "per_channel_padded", "m64", "bk128", "bk64_g16",
-        "g64_split4", "four_warpgroups", "one_warpgroup", "planes_in_smem"])
+        "g64_split4", "four_warpgroups", "one_warpgroup", "planes_in_smem", "m256_sym_scaled"])
 def test_lowers_to_mosaic_gpu_for_h200(m, k, n, group_size, sym, act_order, dtype, config):
   if jax.default_backend() == "gpu":
     pytest.skip("compiled GPU runs exercise the real lowering")
