@@ -170,6 +170,10 @@ class Config:
       with their own lse and merged by XLA in key order (``stream_tail.py``: deterministic,
       two bf16 roundings of a tail row). On by default for unmasked calls from 4096 keys
       (``default_config``).
+    stream_tail_merge: how ``stream_tail``'s parts are merged: "xla" (``stream_tail.merge``:
+      a weights fusion and two scatters, 7.5 us on the H200 at 68 tail tiles, session 38) or
+      "pallas" (``stream_merge.py``: one Triton program per tail tile writing O and lse in
+      place; bitwise the same sums in interpret mode). Not yet timed on a GPU: "xla" stays.
     bwd_stream_tail: ``stream_tail`` for the unmasked grid backward kernels: the dK/dV
       launch runs the first R * SMs (K/V head, K/V tile, batch) tiles (the rest exit at once),
       then a persistent launch runs the tail tiles' Q blocks dealt evenly, one or two parts a
@@ -365,6 +369,7 @@ class Config:
   persistent: bool = False
   dynamic_schedule: bool = False
   stream_tail: bool = False
+  stream_tail_merge: str = "xla"
   bwd_stream_tail: bool = False
   consumers: int = 2
   exp2_poly_cols: int = 0
@@ -403,6 +408,9 @@ class Config:
     if self.q_regs_cols < 0 or self.q_regs_cols % 64:
       raise ValueError("Config.q_regs_cols must be a non-negative multiple of 64, got "
                        f"{self.q_regs_cols!r}")
+    if self.stream_tail_merge not in ("xla", "pallas"):
+      raise ValueError("Config.stream_tail_merge must be 'xla' or 'pallas', got "
+                       f"{self.stream_tail_merge!r}")
     if self.bwd_early_stats not in ("", "lse", "lse+delta", "lse+delta_early"):
       raise ValueError("Config.bwd_early_stats must be '', 'lse', 'lse+delta' or "
                        f"'lse+delta_early', got {self.bwd_early_stats!r}")

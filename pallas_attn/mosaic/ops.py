@@ -24,7 +24,7 @@ from pallas_attn import masks
 from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.vma import match_vma, out_struct, vma
 from pallas_attn.mosaic import (autotune, backward, backward_dq, backward_split, kernels,
-                                stream_tail)
+                                stream_merge, stream_tail)
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width
@@ -709,5 +709,9 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     # outputs as varying like the inputs they are computed from.
     out, lse, *parts = match_vma([out, lse, *parts], axes)
   if st.stream_tail:
-    out, lse = stream_tail.merge(out, lse, *parts, tail=tail, heads=n, tile_rows=cta_q)
+    if cfg.stream_tail_merge == "pallas":
+      out, lse = stream_merge.merge(out, lse, *parts, tail=tail, heads=n, tile_rows=cta_q,
+                                    interpret=bool(interpret))
+    else:
+      out, lse = stream_tail.merge(out, lse, *parts, tail=tail, heads=n, tile_rows=cta_q)
   return out[:, :t, :, :h], lse[:, :, :t]
