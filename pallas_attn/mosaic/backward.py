@@ -166,10 +166,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   ``num_ctas`` > 0: the persistent form (``Config.bwd_persistent``; unmasked calls without the
   fused dQ): ``num_ctas`` CTAs loop over the (K/V head, K/V tile, batch) tiles of
-  ``grid_tiles``, heads fastest, round-robin. The producer's Q/dO ring runs on across tiles, so
-  the next tile's first blocks arrive while this tile ends, and each consumer keeps two K/V
-  buffers: the next tile's K and V load while this one computes, and its dK and dV leave
-  through the buffer it read K and V from.
+  ``grid_tiles``, tiles fastest (``_decode_tile``), round-robin. The producer's Q/dO ring runs
+  on across tiles, so the next tile's first blocks arrive while this tile ends, and each
+  consumer keeps two K/V buffers: the next tile's K and V load while this one computes, and
+  its dK and dV leave through the buffer it read K and V from.
 
   Here ``st.block_q`` is the streamed Q block and ``st.block_kv`` the keys of one consumer.
   ``dq_sink`` (the fused dQ of FA3 Section 3.3, ``fused_dq.py``): "" = no dQ here (the dQ
@@ -180,7 +180,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 
   Stream-K for the last partial wave (``Config.bwd_stream_tail``, unmasked grid form; see
   ``stream_tail.py``): ``main_tiles`` > 0: the grid's CTAs from flat index ``main_tiles`` on
-  (heads fastest, as launched) do nothing. ``tail``: the persistent form runs only those
+  (``_decode_tile``'s numbering) do nothing. ``tail``: the persistent form runs only those
   tiles, each CTA its one or two parts (Q blocks [lo, hi) of every head of the group), and
   writes float32 partials (dK already scaled) to ``dk`` / ``dv`` [num_ctas, 2, keys, H]
   instead of dK, dV; ``stream_tail.merge_sum`` adds them in query order.
@@ -486,7 +486,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   live = True
   if main_tiles:          # (bwd_stream_tail) the grid's tail CTAs: a separate launch runs them
     heads, kv_tiles, _ = grid_tiles
-    live = kv_head + heads * (tile + kv_tiles * batch) < main_tiles
+    live = tile + kv_tiles * (kv_head + heads * batch) < main_tiles     # _decode_tile's order
 
   @pl.when((wg < COMPUTE_WGS) & live)
   def _consumer():
@@ -582,10 +582,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 # ----------------------------------------------------------------------------------------------
 
 def _decode_tile(t, *, grid_tiles):
-  """(batch, head, sequence tile) of persistent tile ``t`` of the (heads, tiles, batch) grid,
-  heads fastest as the grid launches them (concurrent tiles share a head's operands in L2)."""
+  """(batch, head, sequence tile) of persistent tile ``t`` of the (heads, tiles, batch) tile
+  space, sequence tiles fastest: the ~132 tiles running together are one or two heads'
+  tiles, which share that head's operands (K / V, or Q / dO) in L2. (Until session 38 heads
+  were fastest here, read as "the grid's launch order"; Mosaic GPU launches its grid with the
+  last grid axis fastest, i.e. batch, then tiles, then heads: see ``ops._grid``.)"""
   heads, tiles, _ = grid_tiles
-  return lax.div(t, heads * tiles), lax.rem(t, heads), lax.rem(lax.div(t, heads), tiles)
+  return lax.div(t, heads * tiles), lax.rem(lax.div(t, tiles), heads), lax.rem(t, tiles)
 
 
 def persistent_tile_count(cta, num_ctas: int, grid_tiles):

@@ -37,11 +37,11 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
 
   Stream-K for the last partial wave (``Config.bwd_stream_tail``, unmasked grid form, as in
   ``dkdv_kernel``): ``main_tiles`` > 0: the grid's CTAs from flat index ``main_tiles`` on
-  (heads fastest) do nothing. ``tail``: a launch of ``tail.num_ctas`` CTAs ("cta") runs only
-  those tiles, each CTA its one or two parts (K/V blocks [lo, hi)) one after the other (the
-  persistent form's second buffers do not fit next to O's at H = 128), writing float32
-  partials (already scaled) to ``dq`` [num_ctas, 2, rows, H] and the tiles' finished L2 / D
-  records to ``rows_out`` (every part of a tile writes the same values).
+  (``_decode_tile``'s numbering) do nothing. ``tail``: a launch of ``tail.num_ctas`` CTAs
+  ("cta") runs only those tiles, each CTA its one or two parts (K/V blocks [lo, hi)) one
+  after the other (the persistent form's second buffers do not fit next to O's at H = 128),
+  writing float32 partials (already scaled) to ``dq`` [num_ctas, 2, rows, H] and the tiles'
+  finished L2 / D records to ``rows_out`` (every part of a tile writes the same values).
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
@@ -242,7 +242,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
   live = True
   if main_tiles:          # (bwd_stream_tail) the grid's tail CTAs: a separate launch runs them
     heads, q_tiles, _ = grid_tiles
-    live = head + heads * (lax.axis_index("q_seq") + q_tiles * batch) < main_tiles
+    live = lax.axis_index("q_seq") + q_tiles * (head + heads * batch) < main_tiles
 
   @pl.when((wg < COMPUTE_WGS) & live)
   def _consumer():

@@ -320,15 +320,15 @@ class Config:
       waited by the next step, so the tensor cores get the next S^T and dP^T while it
       finishes) compile without C7512, which serialises every wgmma at 240. Not with the
       persistent, fused-dQ or split forms or ``named_free`` (ignored there). Off until timed.
-    seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels put the sequence
-      tiles on the fastest axis (CUDA's blockIdx.x) instead of the heads, so the CTAs resident
-      at once are mostly tiles of one head and share its K / V (forward, dQ) or Q / dO (dK/dV)
-      in L2. With heads fastest, the ~132 resident CTAs span every head: at 1x16384x16x128
-      that is 16 heads x 8 MB of K and V, more than the H200's L2; at 4x4096 it is 32 MB.
-      Same work per CTA, the same results. H200 (session 19): slower everywhere, most at
-      1x16384x16x128 full (forward +12%, dK/dV +10%, dQ +7%) and by 2-8% per backward kernel
-      at 4x4096: ~128 CTAs reading the same blocks at once contend more than 16 heads' blocks
-      cost in L2 misses. Off (heads fastest).
+    seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels are laid out
+      (tiles, heads, batch) instead of (heads, tiles, batch). Mosaic GPU launches the last
+      grid axis fastest, so the default launches batch, then tiles, then heads (one head's
+      tiles resident together, sharing its K / V or Q / dO in L2) and ``seq_major`` batch,
+      then heads, then tiles (the resident CTAs span every head: at 1x16384x16x128 that is 16
+      heads x 8 MB of K and V, more than the L2). Same work per CTA, the same results. H200
+      (session 19): slower everywhere, most at 1x16384x16x128 full (forward +12%, dK/dV +10%,
+      dQ +7%), 2-8% per backward kernel at 4x4096. (Session 19 described the two orders the
+      other way round; corrected in session 38.) Off.
     fp8_p_registers: FP8 forward (``pallas_attn.flash_attention_fp8``, compiled): P stays in
       registers as P V's e4m3 A operand instead of going through shared memory. The 8-bit
       operand layout gives a thread 4 consecutive keys of a 16-key group where the f32
@@ -488,7 +488,7 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # barriers: 2.1% faster forward and 1.0% faster fwd+bwd on causal 16x1024x16x128 (H200,
   # session 6; the unmasked row was 0.8% slower forward with both, so they stay off there).
   # Masked calls up to 4096 keys: persistent with the dynamic tile counter (schedule.py), tiles
-  # in the grid's launch order (batch slowest, heaviest rank first, head fastest): causal
+  # numbered batch slowest, heaviest rank first, head fastest: causal
   # forward 0.1707 -> 0.1442 ms at 16x1024x16x128 and 0.4535 -> 0.4281 at 4x4096x16x128 (cuDNN
   # 0.1524 / 0.4632; H200, session 7). Longer causal rows were 1.4% slower with the counter in
   # the older, L2-hostile order; re-measured in session 34 (below).

@@ -234,10 +234,11 @@ def _body(q_ref, k_ref, v_ref, meta_ref, q_seg_ref, kv_seg_ref, counter_ref, o_r
       bh, tile = lax.div(flat, jnp.int32(n_tiles)), lax.rem(flat, jnp.int32(n_tiles))
       return lax.div(bh, jnp.int32(num_heads)), lax.rem(bh, jnp.int32(num_heads)), tile
   elif st.persistent:
-    # Masked: tiles differ in length (up to n_tiles-fold for causal). Number them as the
-    # one-CTA-per-tile grid launches them: batch slowest, then rank (heaviest first), head
-    # fastest, so that the tiles running together read one batch's K/V from L2. (Rank before
-    # batch spread each wave over every batch's K/V, more than L2 holds at 16x1024x16x128.)
+    # Masked: tiles differ in length (up to n_tiles-fold for causal). Number them batch
+    # slowest, then rank (heaviest first), head fastest (not the grid's launch order, which is
+    # batch fastest, then tiles, then heads: ops._grid), so that the tiles running together
+    # read one batch's K/V from L2. (Rank before batch spread each wave over every batch's
+    # K/V, more than L2 holds at 16x1024x16x128.)
     # ``st.dynamic``: each CTA claims its next tile from a global counter (schedule.py).
     # Otherwise deal each round of num_ctas tiles in alternating directions ("snake"), so every
     # CTA's total stays close; a static deal still leaves SMs idle.

@@ -102,9 +102,13 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
 
 
 def _grid(heads: int, tiles: int, batch: int, *, seq: str, seq_major: bool) -> dict:
-  """``plgpu.kernel``'s grid and grid names: heads fastest (CUDA's blockIdx.x), or with
-  ``seq_major`` the sequence tiles (``Config.seq_major``). Kernels index by name, so the order
-  changes only which CTAs are resident together."""
+  """``plgpu.kernel``'s grid and grid names. Mosaic GPU reverses the grid onto CUDA's axes
+  (the last grid axis is blockIdx.x: jax 0.11.2, ``pallas/mosaic_gpu/lowering.py``), so CTAs
+  launch batch fastest, then sequence tiles, then heads: the CTAs resident together are
+  mostly one head's tiles and share its operands in L2. With ``seq_major``
+  (``Config.seq_major``) batch, then heads, then tiles. Kernels index by name, so the order
+  changes only which CTAs are resident together. (Sessions 19-37 read this the other way
+  round, "heads fastest"; corrected in session 38.)"""
   if seq_major:
     return dict(grid=(tiles, heads, batch), grid_names=(seq, "heads", "batch"))
   return dict(grid=(heads, tiles, batch), grid_names=("heads", seq, "batch"))
@@ -457,7 +461,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                                        grid_tiles=q_tiles, tail=dq_tail),
           dq_scratch, (dq_tail.num_ctas,), ("cta",), (part, *dq_out[1:]), None,
           extra_inputs=o_in, params=dq_compiler_params(st_dq))
-      coords = lambda f: (f // (n * q_tiles[1]), f % n, (f // n) % q_tiles[1])  # batch, head, tile
+      coords = lambda f: (f // (n * q_tiles[1]), (f // q_tiles[1]) % n, f % q_tiles[1])
       dq = stream_tail.merge_sum(dq, dqp, tail=dq_tail, coords=coords, tile_rows=dq_rows)
       if rows_done:                   # the tail tiles' L2 / D records came from the tail launch
         rows_done = [stream_tail.merge_rows(rows_done[0], rows_tail[0], tail=dq_tail,
@@ -486,7 +490,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
           backward.dkdv_scratch(st=st_dkdv, head_dim=hp, dtype=q.dtype, has_meta=False,
                                 persistent=True),
           (tail.num_ctas,), ("cta",), (part, part), None, rows_in=rows_in)
-      coords = lambda f: (f // (kh * kv_tiles), f % kh, (f // kh) % kv_tiles)  # batch, head, tile
+      coords = lambda f: (f // (kh * kv_tiles), (f // kv_tiles) % kh, f % kv_tiles)
       dk = stream_tail.merge_sum(dk, dkp, tail=tail, coords=coords, tile_rows=tile_keys)
       dv = stream_tail.merge_sum(dv, dvp, tail=tail, coords=coords, tile_rows=tile_keys)
   elif interpret:

@@ -2,9 +2,10 @@
 
 The order decides only which CTAs are resident together (and so what they share in L2); every
 CTA finds its head, tile and batch by name. So forward and gradients with sequence tiles
-fastest must be bitwise those of the default (heads fastest): checked in interpret mode on a
-small causal case (the gradients' check, ~1 minute here, only in ``make test-all``: see
-tests/conftest.py), and compiled on the GPU (GQA, causal and full).
+slowest must be bitwise those of the default (launched batch, then tiles, then heads; see
+ops._grid): checked in interpret mode on a small causal case (the gradients' check, ~1 minute
+here, only in ``make test-all``: see tests/conftest.py), and compiled on the GPU (GQA, causal
+and full).
 """
 import dataclasses
 

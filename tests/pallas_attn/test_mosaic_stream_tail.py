@@ -239,8 +239,8 @@ def test_backward_tail_same_outside_close_inside_in_interpret_mode(t, s, n, kh, 
   tiles = b * kh * (s // 128)
   tail = Tail(tiles, min(tiles, ops.INTERPRET_CTAS), t // 64)
   in_tail = np.zeros((b, s // 128, kh), bool)
-  for f in range(tail.rounds * tail.num_ctas, tiles):   # heads fastest, as the grid launches
-    in_tail[f // (kh * (s // 128)), (f // kh) % (s // 128), f % kh] = True
+  for f in range(tail.rounds * tail.num_ctas, tiles):   # tiles fastest (_decode_tile)
+    in_tail[f // (kh * (s // 128)), f % (s // 128), (f // (s // 128)) % kh] = True
   rows = np.repeat(in_tail, 128, axis=1)[..., None]      # [B, S, K, 1]
   for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
     if name == "out":
@@ -312,8 +312,8 @@ def test_dq_tail_same_outside_close_inside_in_interpret_mode(t, s, n, kh):
   tiles = n * (t // 128)
   tail = Tail(tiles, min(tiles, ops.INTERPRET_CTAS), s // 64)
   in_tail = np.zeros((t // 128, n), bool)
-  for f in range(tail.rounds * tail.num_ctas, tiles):   # heads fastest, as the grid launches
-    in_tail[(f // n) % (t // 128), f % n] = True
+  for f in range(tail.rounds * tail.num_ctas, tiles):   # tiles fastest (_decode_tile)
+    in_tail[f % (t // 128), (f // (t // 128)) % n] = True
   rows = np.repeat(in_tail, 128, axis=0)[None, :, :, None]     # [1, T, N, 1]
   for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
     if name != "dq":
