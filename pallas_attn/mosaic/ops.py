@@ -102,13 +102,10 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
 
 
 def _grid(heads: int, tiles: int, batch: int, *, seq: str, seq_major: bool) -> dict:
-  """``plgpu.kernel``'s grid and grid names. Mosaic GPU reverses the grid onto CUDA's axes
-  (the last grid axis is blockIdx.x: jax 0.11.2, ``pallas/mosaic_gpu/lowering.py``), so CTAs
-  launch batch fastest, then sequence tiles, then heads: the CTAs resident together are
-  mostly one head's tiles and share its operands in L2. With ``seq_major``
-  (``Config.seq_major``) batch, then heads, then tiles. Kernels index by name, so the order
-  changes only which CTAs are resident together. (Sessions 19-37 read this the other way
-  round, "heads fastest"; corrected in session 38.)"""
+  """``plgpu.kernel``'s grid and grid names. Mosaic GPU puts the last grid axis on blockIdx.x,
+  so CTAs launch batch fastest, then tiles, then heads (one head's tiles resident together,
+  sharing its operands in L2); with ``seq_major`` batch, heads, tiles. Kernels index by name,
+  so the order changes only which CTAs run together (not "heads fastest": session 38)."""
   if seq_major:
     return dict(grid=(tiles, heads, batch), grid_names=(seq, "heads", "batch"))
   return dict(grid=(heads, tiles, batch), grid_names=("heads", seq, "batch"))
@@ -713,9 +710,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
     # outputs as varying like the inputs they are computed from.
     out, lse, *parts = match_vma([out, lse, *parts], axes)
   if st.stream_tail:
-    if cfg.stream_tail_merge == "pallas":
-      out, lse = stream_merge.merge(out, lse, *parts, tail=tail, heads=n, tile_rows=cta_q,
-                                    interpret=bool(interpret))
-    else:
-      out, lse = stream_tail.merge(out, lse, *parts, tail=tail, heads=n, tile_rows=cta_q)
+    out, lse = stream_merge.merge_parts(out, lse, *parts, method=cfg.stream_tail_merge,
+                                        in_shard_map=bool(axes), tail=tail, heads=n,
+                                        tile_rows=cta_q, interpret=bool(interpret))
   return out[:, :t, :, :h], lse[:, :, :t]

@@ -31,7 +31,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jaxtyping import Array, Float
 
+from pallas_attn.mosaic import stream_tail
 from pallas_attn.mosaic.stream_tail import Tail, part_table
+from pallas_attn.vma import match_vma, out_struct, vma
 
 
 def _merge_kernel(index_ref, lse_parts_ref, o_parts_ref, out_alias, lse_alias, out_ref,
@@ -99,6 +101,9 @@ def merge(out: Float[Array, "b t n h"], lse: Float[Array, "b n t"],
   out_spec = pl.BlockSpec((None, tile_rows, None, h), out_map)
   lse_spec = pl.BlockSpec((None, None, tile_rows), lambda u: where(u))
   num_slots = o_parts.shape[0] * o_parts.shape[1]
+  # Inside shard_map (check_vma): the constant slot table varies like the workspace.
+  inputs = match_vma([jnp.asarray(slots), lse_parts.reshape(num_slots, tile_rows),
+                      o_parts.reshape(num_slots, tile_rows, h), out, lse], vma(out))
   return pl.pallas_call(
       functools.partial(_merge_kernel, width=width),
       grid=(tail.rest,),
@@ -107,11 +112,22 @@ def merge(out: Float[Array, "b t n h"], lse: Float[Array, "b n t"],
                 pl.BlockSpec((num_slots, tile_rows, h), lambda u: (0, 0, 0)),
                 out_spec, lse_spec],
       out_specs=[out_spec, lse_spec],
-      out_shape=[jax.ShapeDtypeStruct(out.shape, out.dtype),
-                 jax.ShapeDtypeStruct(lse.shape, lse.dtype)],
+      out_shape=[out_struct(out.shape, out.dtype, out), out_struct(lse.shape, lse.dtype, out)],
       input_output_aliases={3: 0, 4: 1},
       compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,
       name="flash_attention_tail_merge",
-  )(jnp.asarray(slots), lse_parts.reshape(num_slots, tile_rows),
-    o_parts.reshape(num_slots, tile_rows, h), out, lse)
+  )(*inputs)
+
+
+def merge_parts(out, lse, o_parts, lse_parts, *, method: str, in_shard_map: bool, tail: Tail,
+                heads: int, tile_rows: int, interpret: bool):
+  """The forward's merge as ``Config.stream_tail_merge`` names it: "pallas" (``merge``) or
+  "xla" (``stream_tail.merge``). Inside shard_map always the XLA one: in interpret mode the
+  kernel's workspace gather trips the vma check there (a dynamic slice of a varying ref at a
+  constant index), and the compiled kernel has not been run under shard_map."""
+  if method == "pallas" and not in_shard_map:
+    return merge(out, lse, o_parts, lse_parts, tail=tail, heads=heads, tile_rows=tile_rows,
+                 interpret=interpret)
+  return stream_tail.merge(out, lse, o_parts, lse_parts, tail=tail, heads=heads,
+                           tile_rows=tile_rows)

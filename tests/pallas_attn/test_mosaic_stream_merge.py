@@ -100,6 +100,22 @@ def test_attention_bitwise_the_xla_merge_in_interpret_mode(shape):
     assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
+def test_inside_shard_map_the_xla_merge_serves():
+  """The kernel's workspace gather trips the vma check in interpret mode inside shard_map, so
+  there the XLA merge runs (``stream_merge.merge_parts``): same results, no error."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  spec = jax.sharding.PartitionSpec(None, None, "x")
+  q, k, v = H.qkv_inputs(1, 896, 512, 2, 2, 64, seed=874)
+  outs = []
+  for merge in ("xla", "pallas"):
+    cfg = Config(stream_tail_merge=merge, **PERSISTENT)
+    f = jax.shard_map(lambda q, k, v, cfg=cfg: flash_attention(
+        q, k, v, implementation="mosaic", config=cfg, interpret=True),
+        mesh=mesh, in_specs=spec, out_specs=spec)
+    outs.append(np.asarray(jax.jit(f)(q, k, v), np.float32))
+  assert np.array_equal(*outs)
+
+
 def test_lowers_for_sm90():
   cfg = dataclasses.replace(default_config(head_dim=128, seq_k=4096), stream_tail=True,
                             stream_tail_merge="pallas")
