@@ -173,7 +173,8 @@ class Config:
     stream_tail_merge: how ``stream_tail``'s parts are merged: "xla" (``stream_tail.merge``:
       a weights fusion and two scatters, 7.5 us on the H200 at 68 tail tiles, session 38) or
       "pallas" (``stream_merge.py``: one Triton program per tail tile writing O and lse in
-      place; bitwise the same sums in interpret mode). Not yet timed on a GPU: "xla" stays.
+      place; bitwise the same sums in interpret mode; inside shard_map the XLA merge serves).
+      Not yet timed on a GPU: "xla" stays.
     bwd_stream_tail: ``stream_tail`` for the unmasked grid backward kernels: the dK/dV
       launch runs the first R * SMs (K/V head, K/V tile, batch) tiles (the rest exit at once),
       then a persistent launch runs the tail tiles' Q blocks dealt evenly, one or two parts a
