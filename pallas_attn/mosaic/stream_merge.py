@@ -32,7 +32,7 @@ from jax.experimental.pallas import triton as pltriton
 from jaxtyping import Array, Float
 
 from pallas_attn.mosaic import stream_tail
-from pallas_attn.mosaic.stream_tail import Tail, part_table
+from pallas_attn.mosaic.stream_tail import Tail
 from pallas_attn.vma import match_vma, out_struct, vma
 
 
@@ -63,12 +63,10 @@ def _merge_kernel(index_ref, lse_parts_ref, o_parts_ref, out_alias, lse_alias, o
 def _part_slots(tail: Tail) -> np.ndarray:
   """[r, width] workspace slots (cta * 2 + part) of each tail tile's parts in key order, -1
   where a tile has fewer parts; width a power of two (Triton's block shapes)."""
-  table = part_table(tail)
-  width = max(2, 1 << (max(len(ps) for ps in table) - 1).bit_length())
-  slots = np.full((tail.rest, width), -1, np.int32)
-  for u, ps in enumerate(table):
-    slots[u, :len(ps)] = [c * 2 + p for _, _, c, p in ps]
-  return slots
+  index, valid = stream_tail.part_index(tail)
+  slots = np.where(valid, index, -1).astype(np.int32)
+  width = max(2, 1 << (slots.shape[1] - 1).bit_length())
+  return np.pad(slots, ((0, 0), (0, width - slots.shape[1])), constant_values=-1)
 
 
 def merge(out: Float[Array, "b t n h"], lse: Float[Array, "b n t"],

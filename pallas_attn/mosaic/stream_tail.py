@@ -116,21 +116,21 @@ def part_table(tail: Tail) -> list[list[tuple[int, int, int, int]]]:
   return parts
 
 
-def _part_index(tail: Tail):
+def part_index(tail: Tail):
   """[r, width] workspace slots (cta * 2 + part) of each tail tile's parts in key order,
-  padded with slot 0, and a numpy bool mask of the real entries."""
+  padded with slot 0 (numpy int32), and a numpy bool mask of the real entries."""
   table = part_table(tail)
   width = max(len(ps) for ps in table)
   index = [[c * 2 + p for _, _, c, p in ps] + [0] * (width - len(ps)) for ps in table]
   valid = [[True] * len(ps) + [False] * (width - len(ps)) for ps in table]
-  return jnp.asarray(index, jnp.int32), np.asarray(valid)
+  return np.asarray(index, np.int32), np.asarray(valid)
 
 
 def merge(out, lse, o_parts, lse_parts, *, tail: Tail, heads: int, tile_rows: int):
   """Writes the merged tail tiles into ``out`` [B, T, N, H] and ``lse`` [B, N, T] (T = tiles *
   tile_rows) from the workspace ``o_parts`` [C, 2, tile_rows, H] and ``lse_parts`` [C, 2,
   tile_rows] (natural-log lse). Tiles are numbered (batch, head, tile), tile fastest."""
-  index, valid = _part_index(tail)    # unused entries: slot 0 with weight exp(-inf) = 0
+  index, valid = part_index(tail)    # unused entries: slot 0 with weight exp(-inf) = 0
   valid = jnp.asarray(valid)
   b, t, _, h = out.shape
   tiles = t // tile_rows
@@ -168,7 +168,7 @@ def merge_sum(dst, parts, *, tail: Tail, coords, tile_rows: int, scale: float = 
   ``dst`` [B, S, K, H] (rows tile * tile_rows + ...), from ``parts`` [C, 2, tile_rows, H]: the
   backward's dK / dV partials, linear in the queries, so no weights. ``coords(flat) -> (batch,
   head, tile)`` numbers the launch's tiles (numpy arrays in, numpy arrays out)."""
-  index, valid = _part_index(tail)
+  index, valid = part_index(tail)
   flat = tail.rounds * tail.num_ctas + np.arange(tail.rest)
   batch, head, tile = coords(flat)
   b, s, k, h = dst.shape
