@@ -9,3 +9,7 @@ for args in "--rows 4x4096x16x128 --causal 0 --mode fwdbwd" "--rows 4x4096x16x12
   timeout -k 5 150 python3 benchmarks/power_probe.py --out "$OUT/$mode" $args --seconds 4 2>&1 \
       | grep -v "^WARNING" | cut -c1-400
 done
+# Waves against work: 32 x 4 heads x 32 tiles = 4096 CTAs a backward kernel (31 waves + 4 CTAs on
+# 132 SMs), 33 -> 4224 (exactly 32 waves). Wave model: equal times; energy model: 33/32 = 1.031.
+source benchmarks/device_helpers.sh; mkdir -p "$OUT/keep"
+breakdown waves 150 --rows 32x4096x4x128,33x4096x4x128,34x4096x4x128 --causal 0
