@@ -13,3 +13,7 @@ done
 # 132 SMs), 33 -> 4224 (exactly 32 waves). Wave model: equal times; energy model: 33/32 = 1.031.
 source benchmarks/device_helpers.sh; mkdir -p "$OUT/keep"
 breakdown waves 150 --rows 32x4096x4x128,33x4096x4x128,34x4096x4x128 --causal 0
+# The fused-dQ forms again (last timed in session 15, before the dK/dV kernel's later gains).
+breakdown lag 150 --rows 4x4096x16x128,2x8192x16x128 --causal 0 \
+    --variant "lag:bwd_dq_lag=True,named_free=True,bwd_registers=240" \
+    --variant "fused:bwd_fused_dq=True,named_free=True,bwd_registers=240"
