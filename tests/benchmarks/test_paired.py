@@ -42,3 +42,19 @@ def test_pair_outputs_match_each_alone(mode):
   np.testing.assert_allclose(np.asarray(b[0]), 2.0 * np.asarray(a[0]), rtol=1e-6, atol=1e-6)
   text = jax.jit(paired.in_order(first, second, mode)).lower(*data).as_text()
   assert text.count("optimization_barrier") == 1
+
+
+def test_split_goes_by_name_when_kernels_are_hoisted():
+  # Session 39: in the peer-first order XLA hoisted our causal mask-table kernels ahead of the
+  # peer's, so splitting by position gave the peer's time to us and the ratio read 0.001x.
+  ours = ["mask_tables", "flash_fwd", "flash_dq", "flash_dkdv"]
+  peer = ["cudnn_fprop", "cudnn_bprop"]
+  launched = [("mask_tables", 0.01), ("cudnn_fprop", 1.0), ("cudnn_bprop", 2.0),
+              ("flash_fwd", 0.9), ("flash_dq", 1.1), ("flash_dkdv", 1.4)]
+  kernels = [{"kernel": n, "ms": ms} for n, ms in launched]
+  first, second = paired.split_kernels(kernels, peer, ours)
+  assert first == pytest.approx(3.0) and second == pytest.approx(3.41)
+  # A name both sides launch goes by position.
+  shared = [{"kernel": "copy", "ms": 0.5}, {"kernel": "a", "ms": 1.0},
+            {"kernel": "copy", "ms": 0.25}, {"kernel": "b", "ms": 2.0}]
+  assert paired.split_kernels(shared, ["copy", "a"], ["copy", "b"]) == (1.5, 2.25)
