@@ -19,6 +19,7 @@ power are sampled during the measurement (pynvml or nvidia-smi; `power_probe.Sam
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -102,6 +103,34 @@ def timed_pair(first, second, args, *, mode: str, preheat: float, iterations: in
           "first_names": names[0], "second_names": names[1], **sampler.summary(skip_s=0.0)}
 
 
+def plot(payload: dict, path: str) -> None:
+  """Bars of ours / peer per row (one marker per timing order), with the 1.0 line."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  rows = [r for r in payload["rows"] if "ratio" in r]
+  labels = ["x".join(map(str, r["shape"])) + (" causal" if r["causal"] else " full")
+            for r in rows]
+  fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.6))
+  ys = range(len(rows))
+  ax.barh(ys, [r["ratio"] - 1.0 for r in rows], left=1.0,
+          color=["tab:green" if r["ratio"] >= 1.0 else "tab:red" for r in rows])
+  for y, r in zip(ys, rows):
+    ax.plot(r["ratio_by_order"], [y, y], "k|", markersize=10)
+    ax.text(max(*r["ratio_by_order"], 1.0) + 0.002, y, f"{r['ratio']:.3f}x", va="center", fontsize=8)
+  ax.axvline(1.0, color="k", linewidth=0.8)
+  ax.set_yticks(list(ys), labels, fontsize=8)
+  ax.invert_yaxis()
+  peer = payload.get("peer", "peer")
+  ax.set_xlabel(f"{peer} time / our time (> 1: ours faster; ticks: the two timing orders)")
+  device = payload.get("meta", {}).get("device_kind", "device unknown")
+  ax.set_title(f"{payload.get('mode', '')} interleaved with {peer}, "
+               f"{payload.get('preheat_s', 0):g} s pre-heat ({device}, bf16)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True)
@@ -113,8 +142,13 @@ def main() -> int:
                   help="seconds of back-to-back pairs before the measurement (0: none)")
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--budget-s", type=float, default=400.0)
+  ap.add_argument("--replot", default="", help="only draw the plot of an existing JSON (CPU)")
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
+  if args.replot:
+    with open(args.replot) as f:
+      plot(json.load(f), os.path.join(args.out, os.path.basename(args.replot)[:-5] + ".png"))
+    return 0
   path = os.path.join(args.out, "paired.json")
   payload = {"meta": timing.metadata(), "preheat_s": args.preheat, "mode": args.mode,
              "peer": args.peer, "rows": []}
@@ -149,6 +183,8 @@ def main() -> int:
         print(text, causal, row["error"], flush=True)
       payload["rows"].append(row)
       timing.write_json(path, payload)
+  if any("ratio" in r for r in payload["rows"]):
+    plot(payload, path[:-5] + ".png")
   return 0
 
 

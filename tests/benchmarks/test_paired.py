@@ -4,6 +4,7 @@ CPU: the pair's outputs equal each implementation run alone (the barrier changes
 and the lowered module carries the optimization barrier that keeps XLA from interleaving the
 two implementations' kernels.
 """
+import json
 import pathlib
 import sys
 
@@ -58,3 +59,16 @@ def test_split_goes_by_name_when_kernels_are_hoisted():
   shared = [{"kernel": "copy", "ms": 0.5}, {"kernel": "a", "ms": 1.0},
             {"kernel": "copy", "ms": 0.25}, {"kernel": "b", "ms": 2.0}]
   assert paired.split_kernels(shared, ["copy", "a"], ["copy", "b"]) == (1.5, 2.25)
+
+
+def test_replot_draws_the_ratios(tmp_path, monkeypatch):
+  payload = {"mode": "fwdbwd", "peer": "cudnn", "preheat_s": 2.0, "meta": {},
+             "rows": [{"shape": [1, 64, 2, 32], "causal": c, "ratio": r,
+                       "ratio_by_order": [r - 0.002, r + 0.002]}
+                      for c, r in ((False, 0.97), (True, 1.02))]
+             + [{"shape": [1, 64, 2, 32], "causal": False, "error": "skipped"}]}
+  src = tmp_path / "paired.json"
+  src.write_text(json.dumps(payload))
+  monkeypatch.setattr(sys, "argv", ["paired.py", "--out", str(tmp_path), "--replot", str(src)])
+  assert paired.main() == 0
+  assert (tmp_path / "paired.png").stat().st_size > 1000
