@@ -117,7 +117,8 @@ def plot(payload: dict, path: str) -> None:
           color=["tab:green" if r["ratio"] >= 1.0 else "tab:red" for r in rows])
   for y, r in zip(ys, rows):
     ax.plot(r["ratio_by_order"], [y, y], "k|", markersize=10)
-    ax.text(max(*r["ratio_by_order"], 1.0) + 0.002, y, f"{r['ratio']:.3f}x", va="center", fontsize=8)
+    ax.text(max(*r["ratio_by_order"], 1.0) + 0.002, y, f"{r['ratio']:.3f}x", va="center",
+            fontsize=8)
   ax.axvline(1.0, color="k", linewidth=0.8)
   ax.set_yticks(list(ys), labels, fontsize=8)
   ax.invert_yaxis()
