@@ -102,7 +102,9 @@ class Config:
       ``named_free=True, bwd_registers=240``: fwd+bwd 3.603 -> 3.498 ms at 4x4096x16x128 full
       (0.898 -> 0.925x cuDNN), the fastest backward measured there; at T = 1024 and on causal
       rows 1-10% slower than the two kernels. At 232 registers it spills 268 bytes and is
-      27-40% slower: use it with 240.
+      27-40% slower: use it with 240. H100 (session 39, 4x4096x16x128 full): its one kernel
+      2.570 ms against the two kernels' 2.587, but fwd+bwd 4.4% slower (3.550 against 3.401
+      ms): D, the float32 accumulator's zeros and its conversion cost 162 us outside it.
     bwd_split_dkdv: head dims whose dK/dV tiles do not fit one consumer (H = 256): the two
       consumers of a dK/dV CTA share its keys and split the work by role (``backward_split.py``:
       one computes S^T, P^T and dV, the other dP^T, dS^T and dK, P^T handed over in float16),
@@ -276,7 +278,10 @@ class Config:
       order: bitwise the grid kernels' gradients. At 16x1024x16x128 the grid kernels run
       14-18% below their 4x4096 efficiency (short CTAs). H100 (session 28): 16x1024 full
       fwd+bwd -3.4% (dK/dV -3.5%, dQ -6%), 8x2048 even, 4x4096 +3% (both kernels slower):
-      ``default_config`` takes it for unmasked rows up to ``PERSISTENT_BWD_KEYS`` keys.
+      ``default_config`` takes it for unmasked rows up to ``PERSISTENT_BWD_KEYS`` keys. With
+      its tiles numbered tiles-first (session 38) still slower at 4x4096 / 2x8192 (H100,
+      session 39: dK/dV 1.68-1.69 against the grid's 1.51 ms; that kernel's time follows its
+      work, not its waves, so there is no last wave to win back).
     exit_read_only: every attention kernel (forward, dQ, dK/dV; compiled) ends by waiting until
       its last TMA stores have read shared memory (``cp.async.bulk.wait_group.read``) instead
       of until their writes have landed: the CTA leaves, and the next one starts on its SM,
