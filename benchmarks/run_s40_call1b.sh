@@ -3,7 +3,7 @@
 # rows only: six refused starts left the device time for one call.
 source benchmarks/setup_gpu.sh 2>&1 | grep -v "^WARNING" | tail -8
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
-H128=4x4096x16x128,1x16384x16x128,2x8192x16x128,8x2048x16x128,16x1024x16x128
+H128=4x4096x16x128,16x1024x16x128,1x16384x16x128,8x2048x16x128,2x8192x16x128
 timeout -k 5 205 python3 benchmarks/paired.py --out "$OUT/fwdbwd" --preheat 2 --budget-s 170 \
     --rows "$H128" --causal 0,1 2>&1 | grep -v "^WARNING" | cut -c1-300
 timeout -k 5 65 python3 benchmarks/paired.py --out "$OUT/fwd" --preheat 2 --budget-s 35 \
