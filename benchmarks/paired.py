@@ -15,10 +15,20 @@ reported ratio is the peer's kernel time over ours, per order and their mean. Th
 power are sampled during the measurement (pynvml or nvidia-smi; `power_probe.Sampler`).
 
   python3 benchmarks/paired.py --out $OUT --rows 4x4096x16x128 --causal 0,1 --preheat 2
+
+``--against NAME:FIELD=VALUE,...`` makes the peer our own Mosaic backend with those Config
+fields replaced over ``default_config`` for the row (and ours that default, explicitly): a
+variant against the default in the same clock state, the way to decide a default. The pair
+then launches the same kernel names on both sides, split by their order of launch per name
+(``split_kernels``).
+
+  python3 benchmarks/paired.py --out $OUT --rows 8x2048x16x128 --causal 0 --mode fwd \
+      --against tail:stream_tail=True
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -32,17 +42,28 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import timing  # noqa: E402
-from mosaic_ab import with_grads  # noqa: E402
+from mosaic_ab import parse_variant, with_grads  # noqa: E402
 from pallas_attn import flash_attention  # noqa: E402
+from pallas_attn.mosaic.config import default_config  # noqa: E402
 from power_probe import Sampler  # noqa: E402
 
 
-def implementations(causal: bool, peer: str) -> dict:
-  """name -> (q, k, v) -> out for ours (the Mosaic default) and the peer."""
-  ours = lambda q, k, v: flash_attention(q, k, v, causal=causal, implementation="mosaic")
-  other = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                       implementation=peer)
-  return {"ours": ours, peer: other}
+def implementations(causal: bool, peer: str, *, variant: tuple[str, dict] | None = None,
+                    head_dim: int = 0, seq_k: int = 0) -> dict:
+  """name -> (q, k, v) -> out for ours (the Mosaic default) and the peer: ``jax.nn``'s
+  ``implementation=peer``, or with ``variant`` = (name, Config fields) our Mosaic backend with
+  those fields over ``default_config(head_dim, seq_k, causal)`` (ours then that default)."""
+  if variant is None:
+    ours = lambda q, k, v: flash_attention(q, k, v, causal=causal, implementation="mosaic")
+    other = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                         implementation=peer)
+    return {"ours": ours, peer: other}
+  name, fields = variant
+  base = default_config(head_dim=head_dim, seq_k=seq_k, masked=causal)
+  cfgs = {"ours": base, name: dataclasses.replace(base, **fields)}
+  return {key: (lambda q, k, v, c=cfg: flash_attention(q, k, v, causal=causal,
+                                                       implementation="mosaic", config=c))
+          for key, cfg in cfgs.items()}
 
 
 def _wrap(fn, mode: str):
@@ -64,19 +85,26 @@ def in_order(first, second, mode: str):
 
 def split_kernels(kernels: list[dict], first_names: list[str],
                   second_names: list[str]) -> tuple[float, float]:
-  """(first's ms, second's ms) of a pair's kernel list. A kernel goes by its name where only
-  one implementation launches that name (XLA may hoist an implementation's data-independent
-  kernels, e.g. a causal mask's tile tables, ahead of the other's: session 39), else by its
-  position (the first ``len(first_names)`` launches are the first's)."""
-  only_first = set(first_names) - set(second_names)
-  only_second = set(second_names) - set(first_names)
+  """(first's ms, second's ms) of a pair's kernel list, by name: a kernel whose name only one
+  implementation launches is that one's (XLA may hoist an implementation's data-independent
+  kernels, e.g. a causal mask's tile tables, ahead of the other's: session 39); of a name both
+  launch (a variant of ours against the default: every name), the first ``n`` launches are the
+  first's, where it launches that name ``n`` times alone, and the rest the second's. That
+  holds under hoisting, which keeps each name's launches in order; two identical kernels that
+  XLA merged into one count once, for the first. More launches of a name than the two lists
+  hold together raise (the kernel lists came from different programs)."""
+  n_first = {name: first_names.count(name) for name in set(first_names)}
+  allowed = {name: n_first.get(name, 0) + second_names.count(name)
+             for name in set(first_names) | set(second_names)}
+  seen: dict[str, int] = {}
   first = second = 0.0
-  for i, x in enumerate(kernels):
-    if x["kernel"] in only_first:
-      first += x["ms"]
-    elif x["kernel"] in only_second:
-      second += x["ms"]
-    elif i < len(first_names):
+  for x in kernels:
+    name = x["kernel"]
+    seen[name] = seen.get(name, 0) + 1
+    if seen[name] > allowed.get(name, 0):
+      raise ValueError(f"kernel {name!r} launched {seen[name]} times in the pair, "
+                       f"{allowed.get(name, 0)} in the two implementations alone")
+    if seen[name] <= n_first.get(name, 0):
       first += x["ms"]
     else:
       second += x["ms"]
@@ -90,7 +118,10 @@ def timed_pair(first, second, args, *, mode: str, preheat: float, iterations: in
                                                          iterations=2)]
            for f in (first, second)]
   run = jax.jit(in_order(first, second, mode))
-  jax.block_until_ready(run(*args))
+  outs = jax.block_until_ready(run(*args))
+  # (out[, dq, dk, dv]) of the two sides against each other: a variant's numerics beside its time
+  diffs = [float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+           for x, y in zip(*outs)]
   t0 = time.time()
   while time.time() - t0 < preheat:
     for _ in range(4):
@@ -99,7 +130,7 @@ def timed_pair(first, second, args, *, mode: str, preheat: float, iterations: in
   with sampler:
     kernels = timing.kernel_breakdown(run, args, iterations=iterations)
   first_ms, second_ms = split_kernels(kernels, *names)
-  return {"first_ms": first_ms, "second_ms": second_ms, "kernels": kernels,
+  return {"first_ms": first_ms, "second_ms": second_ms, "kernels": kernels, "max_abs_diff": diffs,
           "first_names": names[0], "second_names": names[1], **sampler.summary(skip_s=0.0)}
 
 
@@ -139,6 +170,9 @@ def main() -> int:
   ap.add_argument("--causal", default="0,1")
   ap.add_argument("--mode", default="fwdbwd", choices=("fwd", "fwdbwd"))
   ap.add_argument("--peer", default="cudnn")
+  ap.add_argument("--against", default="",
+                  help="NAME:FIELD=VALUE,...: the peer is our Mosaic backend with these Config "
+                       "fields over the row's default (ours: that default)")
   ap.add_argument("--preheat", type=float, default=2.0,
                   help="seconds of back-to-back pairs before the measurement (0: none)")
   ap.add_argument("--iters", type=int, default=20)
@@ -151,8 +185,10 @@ def main() -> int:
       plot(json.load(f), os.path.join(args.out, os.path.basename(args.replot)[:-5] + ".png"))
     return 0
   path = os.path.join(args.out, "paired.json")
+  variant = parse_variant(args.against) if args.against else None
+  peer = variant[0] if variant else args.peer
   payload = {"meta": timing.metadata(), "preheat_s": args.preheat, "mode": args.mode,
-             "peer": args.peer, "rows": []}
+             "peer": peer, "variant": variant[1] if variant else None, "rows": []}
   sampler, t_start = Sampler(), time.time()
   for text in args.rows.split(","):
     b, t, n, h = (int(x) for x in text.split("x"))
@@ -162,20 +198,20 @@ def main() -> int:
         break
       keys = jax.random.split(jax.random.key(0), 4)
       data = tuple(jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-      fns = implementations(causal, args.peer)
+      fns = implementations(causal, peer, variant=variant, head_dim=h, seq_k=t)
       row = {"shape": [b, t, n, h], "causal": causal,
              "flops": timing.attention_flops(b, n, t, t, h, causal=causal, mode=args.mode)}
       try:
-        a = timed_pair(fns["ours"], fns[args.peer], data, mode=args.mode, preheat=args.preheat,
+        a = timed_pair(fns["ours"], fns[peer], data, mode=args.mode, preheat=args.preheat,
                        iterations=args.iters, sampler=sampler)
-        z = timed_pair(fns[args.peer], fns["ours"], data, mode=args.mode, preheat=args.preheat,
+        z = timed_pair(fns[peer], fns["ours"], data, mode=args.mode, preheat=args.preheat,
                        iterations=args.iters, sampler=sampler)
         row["ours_first"], row["peer_first"] = a, z
         ratios = [a["second_ms"] / a["first_ms"], z["first_ms"] / z["second_ms"]]
         row["ours_ms"] = statistics.fmean([a["first_ms"], z["second_ms"]])
         row["peer_ms"] = statistics.fmean([a["second_ms"], z["first_ms"]])
         row["ratio_by_order"], row["ratio"] = ratios, statistics.fmean(ratios)
-        print(f"{text} causal={causal}: ours {row['ours_ms']:.4f} ms, {args.peer} "
+        print(f"{text} causal={causal}: ours {row['ours_ms']:.4f} ms, {peer} "
               f"{row['peer_ms']:.4f} ms, ours is {row['ratio']:.3f}x (orders "
               f"{ratios[0]:.3f} / {ratios[1]:.3f}; SM clock {a.get('sm_clock_median')} / "
               f"{z.get('sm_clock_median')} MHz)", flush=True)

@@ -4,6 +4,7 @@ CPU: the pair's outputs equal each implementation run alone (the barrier changes
 and the lowered module carries the optimization barrier that keeps XLA from interleaving the
 two implementations' kernels.
 """
+import dataclasses
 import json
 import pathlib
 import sys
@@ -72,3 +73,33 @@ def test_replot_draws_the_ratios(tmp_path, monkeypatch):
   monkeypatch.setattr(sys, "argv", ["paired.py", "--out", str(tmp_path), "--replot", str(src)])
   assert paired.main() == 0
   assert (tmp_path / "paired.png").stat().st_size > 1000
+
+
+def test_split_of_a_variant_goes_by_launch_order_per_name():
+  # A variant of ours against the default: every name is launched by both sides. Hoisting
+  # keeps each name's launches in order, so the n-th launch of a name is still attributable.
+  names = ["mask_tables", "flash_fwd", "flash_dkdv"]
+  launched = [("mask_tables", 0.01), ("mask_tables", 0.02), ("flash_fwd", 1.0),
+              ("flash_dkdv", 2.0), ("flash_fwd", 0.5), ("flash_dkdv", 1.5)]
+  kernels = [{"kernel": n, "ms": ms} for n, ms in launched]
+  first, second = paired.split_kernels(kernels, names, names)
+  assert first == pytest.approx(3.01) and second == pytest.approx(2.02)
+  # Two identical mask kernels merged into one by XLA count for the first side.
+  merged = kernels[:1] + kernels[2:]
+  assert paired.split_kernels(merged, names, names) == pytest.approx((3.01, 2.0))
+  # A name launched more often than both sides launch it alone: not the same programs.
+  with pytest.raises(ValueError, match="flash_fwd"):
+    paired.split_kernels(kernels + [{"kernel": "flash_fwd", "ms": 1.0}], names, names)
+
+
+def test_against_builds_our_variant_over_the_row_default():
+  fns = paired.implementations(True, "tail", variant=("tail", {"stream_tail": True}),
+                               head_dim=128, seq_k=4096)
+  assert set(fns) == {"ours", "tail"}
+  cfgs = {name: fn.__defaults__[0] for name, fn in fns.items()}   # the bound Config
+  base = paired.default_config(head_dim=128, seq_k=4096, masked=True)
+  assert cfgs["ours"] == base
+  assert cfgs["tail"] == dataclasses.replace(base, stream_tail=True) != base
+  with pytest.raises(TypeError):     # a field Config does not have fails before any device work
+    paired.implementations(False, "x", variant=("x", {"no_such_field": 1}), head_dim=128,
+                           seq_k=4096)
