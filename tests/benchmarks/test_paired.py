@@ -103,3 +103,25 @@ def test_against_builds_our_variant_over_the_row_default():
   with pytest.raises(TypeError):     # a field Config does not have fails before any device work
     paired.implementations(False, "x", variant=("x", {"no_such_field": 1}), head_dim=128,
                            seq_k=4096)
+
+
+def test_main_with_against_records_the_variant(tmp_path, monkeypatch):
+  # The CLI path without a GPU: timed_pair replaced by fixed kernel times (first side 2 ms,
+  # second 1 ms), so both orders give the variant's time over the default's as 0.5 and 2.
+  seen = []
+
+  def fake_pair(first, second, args, **_):
+    seen.append((first, second))
+    return {"first_ms": 2.0, "second_ms": 1.0}
+  monkeypatch.setattr(paired, "timed_pair", fake_pair)
+  monkeypatch.setattr(paired, "plot", lambda payload, path: None)
+  monkeypatch.setattr(sys, "argv", ["paired.py", "--out", str(tmp_path), "--rows", "1x256x2x64",
+                                    "--causal", "1", "--against", "r232:bwd_registers=232"])
+  assert paired.main() == 0
+  payload = json.loads((tmp_path / "paired.json").read_text())
+  assert payload["peer"] == "r232" and payload["variant"] == {"bwd_registers": 232}
+  (row,) = payload["rows"]
+  assert row["causal"] and row["ratio_by_order"] == [0.5, 2.0] and row["ratio"] == 1.25
+  (ours, variant), (variant2, ours2) = seen   # ours first, then the variant first
+  assert ours is ours2 and variant is variant2
+  assert variant.__defaults__[0].bwd_registers == 232
