@@ -84,16 +84,20 @@ def test_forward_compiles_for_sm90_without_spills(tmp_path):
 
 # (job arguments, the most spill-store bytes any kernel of the job may have). Budgets are
 # session 28's figures with ptxas 13.0, rounded up: a change that spills more, or makes ptxas
-# serialise wgmmas, shows here before it costs device time.
+# serialise wgmmas, shows here before it costs device time. Two were raised in session 40: the
+# persistent dK/dV kernel spills 52 B (was 16; default shape) and 100 B (was <= 80; 4x8 heads)
+# since session 31 made "lse+delta" early stats its default (bisected to afbb68f; timed there
+# the dK/dV kernel 5% faster at 16x1024x16x128 full), which this kit-only test (skipped in CI)
+# missed.
 DEFAULTS = [
-    (("attn", "--grad"), 32),
+    (("attn", "--grad"), 56),
     (("attn", "--grad", "--causal"), 200),
     (("attn", "--grad", "--causal", "--softcap", "30"), 320),
     (("attn", "--grad", "--causal", "--segments"), 256),
     (("attn", "--grad", "--head-dim", "64", "--causal"), 0),
     # session 28's opt-in backward forms (persistent kernels, D in the dQ kernel)
     (("attn", "--grad", "--batch", "4", "--heads", "8",
-      "--set", "bwd_persistent=True,exit_read_only=True"), 80),
+      "--set", "bwd_persistent=True,exit_read_only=True"), 104),
     (("attn", "--grad", "--head-dim", "64", "--set", "bwd_persistent=True,bwd_delta_in_dq=True"),
      0),
     (("fp8", "--seq", "4096"), 0),
