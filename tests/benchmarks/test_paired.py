@@ -137,3 +137,35 @@ def test_main_with_against_records_the_variant(tmp_path, monkeypatch):
   (ours, variant), (variant2, ours2) = seen   # ours first, then the variant first
   assert ours is ours2 and variant is variant2
   assert variant.__defaults__[0].bwd_registers == 232
+
+
+class _NoSampler:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+  def summary(self, skip_s=0.0):   # pylint: disable=unused-argument
+    return {}
+
+
+@pytest.mark.parametrize("glue_ms", [0.01, 0.2])
+def test_timed_pair_tolerates_a_little_unassigned_glue(monkeypatch, glue_ms):
+  # CUPTI faked on the CPU: each side alone launches one kernel, the pair launches both and a
+  # fusion neither has alone; up to 1% of the pair's time it is recorded, above it raises.
+  lists = iter([[{"kernel": "a_kernel", "ms": 1.0}], [{"kernel": "b_kernel", "ms": 1.0}],
+                [{"kernel": "a_kernel", "ms": 1.0}, {"kernel": "input_scatter_fusion_3",
+                                                      "ms": glue_ms},
+                 {"kernel": "b_kernel", "ms": 2.0}]])
+  monkeypatch.setattr(paired.timing, "kernel_breakdown", lambda fn, args, iterations: next(lists))
+  data = tuple(jnp.ones((1, 16, 1, 8), jnp.float32) for _ in range(4))
+  call = lambda: paired.timed_pair(_xla(False), _scaled, data, mode="fwd", preheat=0.0,
+                                   iterations=1, sampler=_NoSampler())
+  if glue_ms > 0.01 * 3.0:
+    with pytest.raises(ValueError, match="belong to neither side"):
+      call()
+    return
+  got = call()
+  assert (got["first_ms"], got["second_ms"], got["unassigned_ms"]) == (1.0, 2.0, glue_ms)
+  assert got["max_abs_diff"][0] > 0      # the second side is twice the first
