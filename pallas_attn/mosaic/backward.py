@@ -216,6 +216,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   per_head = hi - lo                      # Q blocks visited for each head of the group
   tile_steps = st.groups * per_head       # ring steps of one tile
+  # Config.bwd_free_first: the ring visits each head's blocks from lo_full on, wrapping round
+  free_first = st.free_first and st.any_mask and not persist and not dq_sink
+  rotate = lo_full - lo if free_first else None
 
   decode = functools.partial(_decode_tile, grid_tiles=grid_tiles)
   fdq = None if not dq_sink else FusedDQ(
@@ -231,7 +234,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     self_fetch = q_block_fetcher(
         (q_ref, do_ref, rows_ref, q_seg_ref), (q_smem, do_smem, rows_smem, qseg_smem),
         (q_ready, do_ready, rows_ready), batch=batch, kv_head=kv_head, lo=lo, per_head=per_head,
-        st=st)
+        st=st, rotate=rotate)
 
   def refill(step_no):
     """Self-fed ring: consumer 0 waits until both consumers released step ``step_no - 1``'s
@@ -268,6 +271,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     lo_, lo_full_, hi_full_, hi_ = (lo, lo_full, hi_full, hi) if span is None else (
         span[0], span[0], span[1], span[1])
     per_head_ = hi_ - lo_
+    if free_first and span is None:   # block i's place in the rotated order (_visit's)
+      pos = lambda i: jnp.where(i >= lo_full_, i - lo_full_, i - lo_ + (hi_ - lo_full_))
+    else:
+      pos = lambda i: i - lo_
     keys = tile_keys(tile)
     k_start = tile * (COMPUTE_WGS * bkv) + wg * bkv
     col = plgpu.Layout.WGMMA.reduce(0)
@@ -344,8 +351,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       """Interpret form: one synchronous wgmma at a time, P^T and dS^T staged through SMEM
       (a masked step with ``halves``: each 64-query half in turn)."""
       dk, dv = carry
-      refill(base + n * per_head_ + (i - lo_))
-      slot = lax.rem(base + n * per_head_ + (i - lo_), stages)
+      refill(base + n * per_head_ + pos(i))
+      slot = lax.rem(base + n * per_head_ + pos(i), stages)
       wait_inputs(slot)
       for h in ((0, 1) if masked and halves else (None,)):
         q_op, do_op = (r.at[slot] if h is None else r.at[slot, _half_rows(h, bq)]
@@ -372,7 +379,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dK += dS^T Q after it, so the ALU work of each half hides behind a matmul (FA3 Section
       3.3). The accumulators stay in place across the loop."""
       dk_acc, dv_acc = accs
-      step_no = base + n * per_head_ + (i - lo_)
+      step_no = base + n * per_head_ + pos(i)
       slot = lax.rem(step_no, stages)
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
@@ -453,7 +460,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       def run(dk_acc, dv_acc):
         def per_group_head(n, accs):
           return _visit(lo_, lo_full_, hi_full_, hi_, lambda i, c, m: step_async(n, i, c, m), accs,
-                        st)
+                        st, free_first and span is None)
         lax.fori_loop(0, st.groups, per_group_head, (dk_acc, dv_acc))
         if defer:
           plgpu.wgmma_wait(0)
@@ -467,7 +474,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
                                 plgpu.Layout.WGMMA)
 
       def per_group_head(n, carry):
-        return _visit(lo_, lo_full_, hi_full_, hi_, lambda i, c, m: step(n, i, c, m), carry, st)
+        return _visit(lo_, lo_full_, hi_full_, hi_, lambda i, c, m: step(n, i, c, m), carry, st,
+                      free_first and span is None)
       dk, dv = lax.fori_loop(0, st.groups, per_group_head, (zeros, zeros))
     if fdq is not None:
       fdq.finish(st.groups * per_head_)
@@ -566,7 +574,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     fetch = q_block_fetcher((q_ref, do_ref, rows_ref, q_seg_ref),
                             (q_smem, do_smem, rows_smem, qseg_smem), (q_ready, do_ready, rows_ready),
                             batch=batch, kv_head=kv_head, lo=lo, per_head=per_head, st=st,
-                            locate=locate)
+                            locate=locate, rotate=rotate)
     if persist and tail is not None:
       produce(parts_steps, stages, fetch, waits)
     elif persist:
@@ -628,13 +636,14 @@ def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int, loader: int 
 
 
 def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Statics,
-                    locate=None):
+                    locate=None, rotate=None):
   """A dK/dV producer's ``fetch(step)``: step s visits group head ``s // per_head`` and Q block
   ``lo + s % per_head``; it TMA-loads that block's Q, dO, its L2 / D record ([2, block_q], one
   copy) and, with segment ids, its query segment ids into ring slot ``s % num_stages``.
   ``locate(s) -> (batch, kv_head, step within the tile)`` (the persistent form) replaces the
   fixed ``batch`` and ``kv_head``; with two more entries, (first Q block, blocks per head) of
-  a tail part replace ``lo`` and ``per_head``."""
+  a tail part replace ``lo`` and ``per_head``. ``rotate``: a head's blocks visited from
+  ``lo + rotate`` on, wrapping round (``Config.bwd_free_first``)."""
   q_ref, do_ref, rows_ref, q_seg_ref = gmem
   q_smem, do_smem, rows_smem, qseg_smem = smem
   q_ready, do_ready, rows_ready = ready
@@ -646,7 +655,10 @@ def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Stat
     b, kvh, local = where[:3]
     first, blocks = (lo, per_head) if len(where) == 3 else where[3:]   # (a tail part's own)
     head = kvh * st.groups + lax.div(local, jnp.maximum(blocks, 1))
-    rows = pl.ds((first + lax.rem(local, jnp.maximum(blocks, 1))) * bq, bq)
+    within = lax.rem(local, jnp.maximum(blocks, 1))
+    if rotate is not None:
+      within = lax.rem(within + rotate, jnp.maximum(blocks, 1))
+    rows = pl.ds((first + within) * bq, bq)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, head], q_smem.at[slot], q_ready.at[slot])
     plgpu.copy_gmem_to_smem(do_ref.at[b, rows, head], do_smem.at[slot], do_ready.at[slot])
     plgpu.copy_gmem_to_smem(rows_ref.at[b, head, :, rows], rows_smem.at[slot],
@@ -657,10 +669,16 @@ def q_block_fetcher(gmem, smem, ready, *, batch, kv_head, lo, per_head, st: Stat
   return fetch
 
 
-def _visit(lo, lo_full, hi_full, hi, step, carry, st: Statics):
-  """Masked blocks at both ends of [lo, hi), mask-free ones in [lo_full, hi_full)."""
+def _visit(lo, lo_full, hi_full, hi, step, carry, st: Statics, free_first: bool = False):
+  """Masked blocks at both ends of [lo, hi), mask-free ones in [lo_full, hi_full); with
+  ``free_first`` the mask-free ones, the masked high end, then the masked low end (the order
+  [lo, hi) rotated by lo_full - lo: ``q_block_fetcher``'s ``rotate``)."""
   if not st.any_mask:
     return lax.fori_loop(lo, hi, lambda j, c: step(j, c, False), carry)
+  if free_first:
+    carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
+    carry = lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)
+    return lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
   carry = lax.fori_loop(lo, lo_full, lambda j, c: step(j, c, True), carry)
   carry = lax.fori_loop(lo_full, hi_full, lambda j, c: step(j, c, False), carry)
   return lax.fori_loop(hi_full, hi, lambda j, c: step(j, c, True), carry)

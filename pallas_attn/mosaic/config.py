@@ -318,6 +318,13 @@ class Config:
       removed altogether (session 34). Not with the fused dQ, ``bwd_defer_wait`` or
       ``bwd_pt_smem`` (ignored there). Default for causal and windowed H = 64 calls from 512
       keys without key masks (session 35, ``default_config``).
+    bwd_free_first: the grid dK/dV kernel visits a tile's mask-free Q blocks first, then the
+      masked ones (the ring order rotated, producer and consumers alike). In the causal kernel's
+      SASS the mask-free loop, coming second, zeroes dP^T's accumulator with 32 moves a step
+      and starts its first wgmma ~50 instructions later than the unmasked kernel's loop; emitted
+      first, it starts from zero through the wgmma's own flag like the unmasked loop (offline,
+      1x4096x2x128, session 41). dK, dV change by float32 summation order. Not with the fused
+      dQ or the persistent form (ignored there). Off until timed.
     bwd_self_fed: the grid dK/dV kernel is launched with its two consumer warpgroups only, and
       consumer 0 fills the Q / dO / stats ring itself (``backward.dkdv_kernel``): without the
       producer's share of the register file, ptxas may give each consumer thread up to 255
@@ -387,6 +394,7 @@ class Config:
   bwd_dkdv_regs: str = ""
   bwd_early_stats: str = ""
   bwd_masked_halves: bool = False
+  bwd_free_first: bool = False
   bwd_self_fed: bool = False
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False

@@ -107,6 +107,7 @@ class Statics:
   early_stats: str = ""         # dK/dV kernel (compiled): "lse" / "lse+delta" read from SMEM
                                 # while the S^T / dP^T wgmma runs, not after its wait
   masked_halves: bool = False   # dK/dV kernel: masked 128-query steps as two 64-query halves
+  free_first: bool = False      # dK/dV grid kernel: a tile's mask-free Q blocks visited first
   v_stages: int = 0             # V ring depth where it differs from K's (0: the same): the dQ
                                 # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued

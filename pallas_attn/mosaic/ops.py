@@ -251,7 +251,7 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 dq_serial=cfg.bwd_dq_serial and not interpret,
                 kv_regs="" if interpret else cfg.bwd_dkdv_regs,
                 early_stats="" if interpret else cfg.bwd_early_stats,
-                masked_halves=cfg.bwd_masked_halves)
+                masked_halves=cfg.bwd_masked_halves, free_first=cfg.bwd_free_first)
   hp = padded_head_dim(q.shape[-1])
   stages = cfg.bwd_num_stages
   # The dQ ring gets as many stages as fit next to Q and dO, trying a V ring one slot shallower
