@@ -75,3 +75,15 @@ def test_lowers_for_sm90():
   text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "flash_attention_dkdv" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES + [
+    H.Case(t=2048, s=2048, n=4, kh=2, h=128, causal=True, seed=876),
+    H.Case(t=1000, s=1500, n=4, kh=1, h=128, window=(300, 0), seed=877),
+    H.Case(t=600, s=640, n=2, kh=2, h=128, causal=True, segments=2, kv_lengths=(640, 300),
+           seed=878)], ids=lambda c: c.id)
+def test_matches_reference_compiled(case):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  H.check_mosaic_default_with(case, bwd_free_first=True, bwd_persistent=False)
