@@ -265,6 +265,29 @@ def lower_mosaic_forward(cfg, *, h: int = 64, t: int = 1024, n: int = 2,
       lowering_platforms=("cuda",)).as_text()
 
 
+def lower_mosaic_backward(cfg, *, h: int = 64, t: int = 512, n: int = 2,
+                          causal: bool = True) -> str:
+  """The compiled (sm90) Mosaic forward and backward of a [1, t, n, h] bf16 self-attention call
+  with ``cfg``, lowered on CPU, as text: for tests that a backward Config field compiles."""
+  from pallas_attn.mosaic import ops  # pylint: disable=import-outside-toplevel
+  q = jnp.zeros((1, t, n, h), jnp.bfloat16)
+
+  def loss(q, k, v):
+    out, _ = ops._attention(q, k, v, None, None, None, causal, h ** -0.5, None, None, cfg, h,
+                            False)
+    return jnp.sum(out.astype(jnp.float32))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
+      lowering_platforms=("cuda",)).as_text()
+
+
+def dkdv_statics(cfg, *, h: int = 64, t: int = 256, causal: bool = True):
+  """The dK/dV kernel's interpret-mode ``Statics`` for a [1, t, 2, h] self-attention call."""
+  from pallas_attn.mosaic import ops  # pylint: disable=import-outside-toplevel
+  q = jnp.zeros((1, t, 2, h), jnp.bfloat16)
+  return ops._backward_statics(q, q, None, None, causal=causal, scale=1.0, window=None,
+                               softcap=None, cfg=cfg, interpret=True)[1]
+
+
 def visible(case: Case, x: Inputs) -> np.ndarray:
   """Boolean [B, T, S] visibility from the reference's mask."""
   return np.asarray(reference.visible_mask(

@@ -11,13 +11,12 @@ compiled form.
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import harness as H
 from pallas_attn import flash_attention
-from pallas_attn.mosaic import Config, default_config, ops
+from pallas_attn.mosaic import Config, default_config
 
 CASES = [
     H.Case(t=200, s=300, n=4, kh=2, h=64, causal=True, segments=2, kv_lengths=(300, 170),
@@ -52,29 +51,16 @@ def test_close_to_the_default_order_in_interpret_mode(window):
       assert np.array_equal(a, b), name
 
 
-def _statics(**fields):
-  q = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
-  return ops._backward_statics(q, q, None, None, causal=True, scale=1.0, window=None,
-                               softcap=None, cfg=Config(**fields), interpret=True)[1]
-
-
 def test_the_flag_reaches_the_dkdv_statics():
-  assert _statics(bwd_free_first=True).free_first
-  assert not _statics().free_first
+  assert H.dkdv_statics(Config(bwd_free_first=True)).free_first
+  assert not H.dkdv_statics(Config()).free_first
 
 
 def test_lowers_for_sm90():
   """The compiled form (register P^T, in-place accumulators) lowers for sm90 on a CPU host."""
-  q = jnp.zeros((1, 512, 2, 128), jnp.bfloat16)
   cfg = dataclasses.replace(default_config(head_dim=128, seq_k=512, masked=True),
                             bwd_free_first=True)
-
-  def loss(q, k, v):
-    out, _ = ops._attention(q, k, v, None, None, None, True, 0.125, None, None, cfg, 128, False)
-    return jnp.sum(out.astype(jnp.float32))
-  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert "flash_attention_dkdv" in text
+  assert "flash_attention_dkdv" in H.lower_mosaic_backward(cfg, h=128)
 
 
 @pytest.mark.gpu

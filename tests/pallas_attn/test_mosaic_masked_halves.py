@@ -10,13 +10,12 @@ sm90 lowering of the compiled form, and compiled runs on the GPU.
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import harness as H
 from pallas_attn import flash_attention
-from pallas_attn.mosaic import Config, default_config, ops
+from pallas_attn.mosaic import Config, default_config
 
 PAIR = dict(bwd_dkdv_block_q=128, bwd_dq_block_kv=128, bwd_early_stats="",
             bwd_persistent=False)
@@ -53,29 +52,16 @@ def test_close_to_the_whole_step_in_interpret_mode():
       assert np.array_equal(a, b), name
 
 
-def _statics(**fields):
-  q = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
-  return ops._backward_statics(q, q, None, None, causal=True, scale=1.0, window=None,
-                               softcap=None, cfg=Config(**fields), interpret=True)[1]
-
-
 def test_the_flag_reaches_the_dkdv_statics():
-  assert _statics(bwd_masked_halves=True, bwd_dkdv_block_q=128).masked_halves
-  assert not _statics(bwd_dkdv_block_q=128).masked_halves
+  assert H.dkdv_statics(Config(bwd_masked_halves=True, bwd_dkdv_block_q=128)).masked_halves
+  assert not H.dkdv_statics(Config(bwd_dkdv_block_q=128)).masked_halves
 
 
 def test_lowers_for_sm90():
   """The compiled form (register P^T, in-place accumulators) lowers for sm90 on a CPU host."""
-  q = jnp.zeros((1, 512, 2, 64), jnp.bfloat16)
   cfg = dataclasses.replace(default_config(head_dim=64, seq_k=512, masked=True),
                             bwd_masked_halves=True, bwd_registers=240, **PAIR)
-
-  def loss(q, k, v):
-    out, _ = ops._attention(q, k, v, None, None, None, True, 0.125, None, None, cfg, 64, False)
-    return jnp.sum(out.astype(jnp.float32))
-  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert "flash_attention_dkdv" in text
+  assert "flash_attention_dkdv" in H.lower_mosaic_backward(cfg, h=64)
 
 
 @pytest.mark.gpu
