@@ -30,7 +30,6 @@ accumulator; the compiled form keeps them in registers and accumulates in place.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -42,6 +41,8 @@ from pallas_attn.mosaic import stream_tail
 from pallas_attn.mosaic.fused_dq import FusedDQ, dq_width
 from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, produce, slot_releases,
                                         tile_ranges)
+from pallas_attn.mosaic.persistent import (_decode_tile, persistent_consumer_loop,
+                                           persistent_tile_count)
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
@@ -387,6 +388,12 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       def scores(s_acc, dp_acc, half=None):
         """S^T, P^T, dV's issue, dP^T -> dS^T of the step, or of its query half ``half``."""
         q_op, do_op = operands(half)
+        early = "" if masked else st.early_stats
+        # "lse_pre": lse read before S^T is issued, so that its shared-memory loads are not
+        # queued behind the operand reads of S^T and dP^T, which take the SMEM pipe's whole
+        # rate (Nsight Compute, session 42: the first FFMA waited on them for 14% of the step
+        # loop's stall samples at 1x16384x16x128 with "lse").
+        lse = row_stat(slot, 0) if early == "lse_pre" else None
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
         if not defer and half != 1:
@@ -395,8 +402,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         # shared-memory load sat in front of its first use and the consumer stalled on it (the
         # FFMA of s * c - lse: 19% of the consumer's stall samples at 4x4096x16x128 full,
         # Nsight Compute, session 30), queued behind the wgmmas' own operand reads.
-        early = "" if masked else st.early_stats
-        lse = row_stat(slot, 0) if "lse" in early else None
+        if lse is None and "lse" in early:
+          lse = row_stat(slot, 0)
         # (half 1: waits for half 0's dK as well, the last reader of its dS^T registers)
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if defer:     # the previous step's dV and dK wgmmas (older than S^T) are done too
@@ -588,40 +595,6 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 # ----------------------------------------------------------------------------------------------
 # Shared pieces
 # ----------------------------------------------------------------------------------------------
-
-def _decode_tile(t, *, grid_tiles):
-  """(batch, head, sequence tile) of persistent tile ``t`` of the (heads, tiles, batch) tile
-  space, sequence tiles fastest: the ~132 tiles running together are one or two heads'
-  tiles, which share that head's operands (K / V, or Q / dO) in L2. (Until session 38 heads
-  were fastest here, read as "the grid's launch order"; Mosaic GPU launches its grid with the
-  last grid axis fastest, i.e. batch, then tiles, then heads: see ``ops._grid``.)"""
-  heads, tiles, _ = grid_tiles
-  return lax.div(t, heads * tiles), lax.rem(lax.div(t, tiles), heads), lax.rem(t, tiles)
-
-
-def persistent_tile_count(cta, num_ctas: int, grid_tiles):
-  """Tiles that CTA ``cta`` of a persistent launch takes round-robin from the grid."""
-  return lax.div(math.prod(grid_tiles) - cta + num_ctas - 1, num_ctas)
-
-
-def persistent_consumer_loop(*, cta, num_ctas: int, my_tiles, load, wait, consume):
-  """A persistent backward consumer's tiles t = cta, cta + num_ctas, ...: tile ``it`` computes
-  from buffer ``it % 2`` (``wait(buf)`` for its loads, ``consume(t, buf, it)``) while the next
-  tile loads into the other buffer (``load(t, buf)``), once the last tile's TMA stores have
-  read it (those stores leave through the buffer they were computed from)."""
-  pl.when(my_tiles > 0)(lambda: load(cta, 0))
-
-  @pl.loop(0, my_tiles)
-  def _tile(it):
-    t, buf = cta + it * num_ctas, lax.rem(it, 2)
-    wait(buf)
-
-    @pl.when(it + 1 < my_tiles)
-    def _prefetch():
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      load(t + num_ctas, 1 - buf)
-    consume(t, buf, it)
-
 
 def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int, loader: int = COMPUTE_WGS):
   """(batch, K/V head, K/V tile, warpgroup, (lo, lo_full, hi_full, hi, kv_len)) of a dK/dV

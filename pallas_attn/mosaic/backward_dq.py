@@ -14,10 +14,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_attn.mosaic import stream_tail
-from pallas_attn.mosaic.backward import (_TILED, _decode_tile, _grad_logits, _logits2,
-                                         _matmul_acc, _product, _split_refs, _tile_mask, _visit,
-                                         persistent_consumer_loop, persistent_tile_count,
+from pallas_attn.mosaic.backward import (_TILED, _grad_logits, _logits2, _matmul_acc,
+                                         _product, _split_refs, _tile_mask, _visit,
                                          producer_registers)
+from pallas_attn.mosaic.persistent import (_decode_tile, persistent_consumer_loop,
+                                           persistent_tile_count)
 from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, heavy_first_tile, kv_fetcher,
                                         produce, produce_rings, slot_releases, split_kv_fetchers,
                                         tile_ranges)

@@ -5,6 +5,7 @@ import dataclasses
 
 BACKWARDS = ("mosaic", "triton")
 HEAD_DIMS = (64, 128, 192, 256)    # native head dims (multiples of 64: one 128-byte swizzle row)
+EARLY_STATS = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +309,11 @@ class Config:
       after: with "lse+delta" ptxas (offline SASS, H = 128 grid kernel) put D's loads between
       dV's register-operand wgmmas, and that kernel was 10% slower than with "lse" alone
       (H100, session 31), where the persistent one was 4% faster. Untimed; the split kernel
-      (H > 128) treats it as "lse+delta".
+      (H > 128) treats it as "lse+delta". "lse_pre" reads lse before S^T and dP^T are issued
+      instead of after: their operand reads take the SMEM pipe's whole rate, and an LDS
+      queued behind them returned only after dP^T's, so the first FFMA of the softmax waited
+      (14% of the step loop's stall samples at 1x16384x16x128 with "lse", Nsight Compute,
+      session 42). ptxas keeps the loads in front of the first wgmma (offline SASS); untimed.
     bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
       128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
       runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]
@@ -425,9 +430,9 @@ class Config:
     if self.stream_tail_merge not in ("xla", "pallas"):
       raise ValueError("Config.stream_tail_merge must be 'xla' or 'pallas', got "
                        f"{self.stream_tail_merge!r}")
-    if self.bwd_early_stats not in ("", "lse", "lse+delta", "lse+delta_early"):
-      raise ValueError("Config.bwd_early_stats must be '', 'lse', 'lse+delta' or "
-                       f"'lse+delta_early', got {self.bwd_early_stats!r}")
+    if self.bwd_early_stats not in EARLY_STATS:
+      raise ValueError(f"Config.bwd_early_stats must be one of {EARLY_STATS}, "
+                       f"got {self.bwd_early_stats!r}")
     if self.bwd_dkdv_regs not in ("", "k", "v", "kv"):
       raise ValueError("Config.bwd_dkdv_regs must be '', 'k', 'v' or 'kv', got "
                        f"{self.bwd_dkdv_regs!r}")

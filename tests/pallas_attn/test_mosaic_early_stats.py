@@ -57,11 +57,12 @@ def test_stats_loads_move_before_the_waits(h):
   # Unmasked, 4096 keys: the grid kernel (H = 128) or the split one (H = 256), with only the
   # unmasked step form. lse and D are one run of 8 loads each (64 columns, two floats a load).
   base = default_config(head_dim=h, seq_k=4096, masked=False)
-  modes = ("", "lse", "lse+delta", "lse+delta_early")
+  modes = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early")
   got = {mode: _step_events(dataclasses.replace(base, bwd_early_stats=mode), h)
          for mode in modes}
   early = {mode: _early_loads(ev) for mode, ev in got.items()}
-  assert early == {"": 0, "lse": 1, "lse+delta": 2, "lse+delta_early": 2 if h == 256 else 1}
+  assert early == {"": 0, "lse": 1, "lse_pre": 1, "lse+delta": 2,
+                   "lse+delta_early": 2 if h == 256 else 1}
   loads = {mode: sum(n for ev, n in evs if ev == "lds") for mode, evs in got.items()}
   assert {loads[m] for m in modes} == {16}                       # the same loads, moved
   if h == 128:
@@ -70,6 +71,13 @@ def test_stats_loads_move_before_the_waits(h):
     ev = got["lse+delta_early"]
     at = [i for i, e in enumerate(ev) if e == ("lds", 8)]
     assert [ev[i - 1][0] for i in at] == ["mma", "wait"] and ev[at[1] + 1][0] == "mma"
+    # "lse_pre": lse's run comes before S^T and dP^T are issued (the 16 wgmmas right after
+    # it), where "lse" issues them first and reads lse before their wait.
+    pre, lse = got["lse_pre"], got["lse"]
+    i = pre.index(("lds", 8))
+    assert pre[i + 1] == ("mma", 16) and pre[i - 1] != ("mma", 16)
+    j = lse.index(("lds", 8))
+    assert lse[j - 1] == ("mma", 16) and lse[j + 1][0] == "wait"
   assert Config().bwd_early_stats == ""
 
 
@@ -93,8 +101,9 @@ def test_default_config_reads_early(h, seq_k, masked, want):
 
 
 def test_bad_value_raises():
-  with pytest.raises(ValueError, match="bwd_early_stats"):
-    Config(bwd_early_stats="delta")
+  for bad in ("delta", "pre", "lse+delta_pre"):
+    with pytest.raises(ValueError, match="bwd_early_stats"):
+      Config(bwd_early_stats=bad)
 
 
 @pytest.mark.gpu
@@ -114,7 +123,7 @@ def test_early_stats_gradients_bitwise_compiled(h, causal):
                                         config=cfg).astype(jnp.float32).sum()
     return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
   ref_val, ref_grads = run(base)
-  for mode in ("lse", "lse+delta", "lse+delta_early"):
+  for mode in ("lse", "lse_pre", "lse+delta", "lse+delta_early"):
     val, grads = run(dataclasses.replace(base, bwd_early_stats=mode))
     np.testing.assert_array_equal(np.asarray(val), np.asarray(ref_val))
     for g, g0 in zip(grads, ref_grads):
