@@ -138,7 +138,7 @@ def main() -> int:
                          jnp.int32)
       window = (args.window, 0) if args.window and causal else None
       base = default_config(head_dim=h, seq_k=t, masked=causal, key_masks=lens is not None,
-                            windowed=window is not None)
+                            windowed=window is not None, batch=b)
       cfgs = {"ours": base,
               **{name: dataclasses.replace(base, **f) for name, f in variants.items()}}
       fns = {name: (lambda q, k, v, cfg=cfg: flash_attention(

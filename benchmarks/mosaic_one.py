@@ -54,7 +54,7 @@ def main() -> int:
   if args.probe_stall:
     mosaic_ops.STALLING_BLOCK_KV = ()
   b, t, n, h = (int(x) for x in args.shape.split("x"))
-  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=args.causal),
+  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, masked=args.causal, batch=b),
                             **parse_fields(args.fields))
   result = dict(shape=[b, t, n, h], causal=args.causal, fields=args.fields,
                 config=dataclasses.asdict(cfg), probe_stall=args.probe_stall)

@@ -54,7 +54,7 @@ def _attention(args) -> None:
 
   from mosaic_ab import parse_fields  # pylint: disable=import-outside-toplevel
   from pallas_attn.mosaic.config import default_config  # pylint: disable=import-outside-toplevel
-  cfg = dataclasses.replace(default_config(head_dim=d, seq_k=t, masked=args.causal),
+  cfg = dataclasses.replace(default_config(head_dim=d, seq_k=t, masked=args.causal, batch=b),
                             **parse_fields(args.fields))
 
   def attend(q, k, v):

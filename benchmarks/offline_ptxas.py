@@ -183,7 +183,7 @@ def _attn_job(args):
   cfg = (eval(args.config, {"Config": Config}) if args.config  # pylint: disable=eval-used
          else default_config(head_dim=h, seq_k=args.seq, masked=args.causal or bool(args.window),
                              key_masks=args.segments or args.kv_lengths,
-                             windowed=bool(args.window)))
+                             windowed=bool(args.window), batch=args.batch))
   cfg = _with_overrides(cfg, args.set)
   q = jax.ShapeDtypeStruct((args.batch, args.seq, n, h), jnp.bfloat16)
   kv = jax.ShapeDtypeStruct((args.batch, args.seq, kh, h), jnp.bfloat16)

@@ -50,17 +50,18 @@ from power_probe import Sampler  # noqa: E402
 
 
 def implementations(causal: bool, peer: str, *, variant: tuple[str, dict] | None = None,
-                    head_dim: int = 0, seq_k: int = 0) -> dict:
+                    head_dim: int = 0, seq_k: int = 0, batch: int | None = None) -> dict:
   """name -> (q, k, v) -> out for ours (the Mosaic default) and the peer: ``jax.nn``'s
   ``implementation=peer``, or with ``variant`` = (name, Config fields) our Mosaic backend with
-  those fields over ``default_config(head_dim, seq_k, causal)`` (ours then that default)."""
+  those fields over ``default_config(head_dim, seq_k, causal, batch)`` (ours then that
+  default)."""
   if variant is None:
     ours = lambda q, k, v: flash_attention(q, k, v, causal=causal, implementation="mosaic")
     other = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                          implementation=peer)
     return {"ours": ours, peer: other}
   name, fields = variant
-  base = default_config(head_dim=head_dim, seq_k=seq_k, masked=causal)
+  base = default_config(head_dim=head_dim, seq_k=seq_k, masked=causal, batch=batch)
   cfgs = {"ours": base, name: dataclasses.replace(base, **fields)}
   return {key: (lambda q, k, v, c=cfg: flash_attention(q, k, v, causal=causal,
                                                        implementation="mosaic", config=c))
@@ -216,7 +217,7 @@ def main() -> int:
         break
       keys = jax.random.split(jax.random.key(0), 4)
       data = tuple(jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-      fns = implementations(causal, peer, variant=variant, head_dim=h, seq_k=t)
+      fns = implementations(causal, peer, variant=variant, head_dim=h, seq_k=t, batch=b)
       row = {"shape": [b, t, n, h], "causal": causal,
              "flops": timing.attention_flops(b, n, t, t, h, causal=causal, mode=args.mode)}
       try:

@@ -146,7 +146,7 @@ def main() -> int:
     for causal in (bool(int(c)) for c in args.causal.split(",")):
       keys = jax.random.split(jax.random.key(0), 4)
       q, k, v, do = (jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-      base = default_config(head_dim=h, seq_k=t, masked=causal)
+      base = default_config(head_dim=h, seq_k=t, masked=causal, batch=b)
       cfgs = {"ours": base, **{nm: base.replace(**f) if hasattr(base, "replace") else
                                 __import__("dataclasses").replace(base, **f)
                                 for nm, f in variants.items()}}

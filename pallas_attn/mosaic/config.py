@@ -475,7 +475,8 @@ LONG_ROW_THREE_CONSUMERS = 16384
 
 
 def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
-                   key_masks: bool = False, windowed: bool = False) -> Config:
+                   key_masks: bool = False, windowed: bool = False,
+                   batch: int | None = None) -> Config:
   """Heuristic defaults, checked against an H200 sweep (benchmarks/mosaic_tune.py, NOTES.md).
 
   ``masked``: a causal / windowed call. Without such a mask the persistent launch made rows
@@ -488,7 +489,9 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
 
   ``key_masks``: the call carries segment ids or ``kv_lengths`` (the H = 64 backward then
   gives both kernels 240 registers for the compares); ``windowed``: it has a window (and is
-  then ``masked`` too; the H = 64 dQ kernel then keeps 64-key steps).
+  then ``masked`` too; the H = 64 dQ kernel then keeps 64-key steps). ``batch``: the call's
+  batch size where known (one sequence compiles the backward's index arithmetic to another
+  step loop, which takes other registers best; None: as for several).
 
   The consumer holds S [block_q, block_kv] and O [block_q, H] in fp32 registers (64-row wgmma
   tiles spread over 128 threads: block_kv / 2 + H / 2 registers each); at H = 256 a 128-key block
@@ -581,6 +584,15 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # kernel was 0.6-2% slower with it, so rows that take it keep 232.
   bwd_persistent = not masked and seq_k <= PERSISTENT_BWD_KEYS
   registers = 240 if wide or (hp == 128 and not bwd_persistent) else 232
+  # One sequence (batch 1) at H = 128, unmasked, no key masks: the batch index is a constant,
+  # and ptxas builds another dK/dV step loop (319 instructions at 232 registers, 1 local load a
+  # step, against 330 with 4 local loads and stores for batch >= 2: offline SASS, identical
+  # at every length). That loop at 232 registers beats 240 by 13% in the dK/dV kernel's cycles
+  # (Nsight Compute, no clock control, 1x16384x16x128: 9.74 M against 11.23 M); paired fwd+bwd
+  # against 240, both orders: 1x16384x16x128 0.961 / 0.962 (twice), 1x32768x8x128 0.960 (H100,
+  # session 42). With batch >= 2, 232 is 4-6% slower (8x2048 to 2x8192), so they keep 240.
+  if hp == 128 and not masked and not key_masks and not bwd_persistent and batch == 1:
+    registers = 232
   # A step's lse and D read while S^T / dP^T run (bwd_early_stats; H100, session 31, both
   # timing orders at H = 128, one at H = 64 / 256; gradients bitwise the same): the dK/dV
   # kernel with "lse+delta" 11.5% / 16% faster at 4x4096x32x64 full / causal, 11% / 10% at

@@ -85,7 +85,7 @@ def attention(q, k, v, *, causal, scale, window, softcap, q_segment_ids, kv_segm
     # heuristic.
     cfg = default_config(head_dim=h, seq_k=s, masked=causal or window is not None,
                          key_masks=q_segment_ids is not None or kv_lengths is not None,
-                         windowed=window is not None)
+                         windowed=window is not None, batch=b)
     tuned = (autotune.lookup(head_dim=h, seq_k=s, causal=causal, dtype=q.dtype)
              if window is None else None)
     if tuned is not None:

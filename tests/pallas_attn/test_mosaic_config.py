@@ -520,3 +520,30 @@ def test_backward_register_split_fits_the_launch_pool(consumer, writer):
   assert 2 * consumer + producer <= 3 * backward.LAUNCH_REGISTERS == 3 * (65536 // 384 // 8 * 8)
   if writer:     # the dQ writer takes all that is left (its [64, 64] fp32 accumulator: 32)
     assert producer == 3 * backward.LAUNCH_REGISTERS - 2 * consumer
+
+
+def test_one_sequence_takes_232_registers(monkeypatch):
+  """Session 42 (H100, benchmarks/NOTES.md): with batch 1 the dK/dV kernel's step loop is
+  another (the batch index is a constant), and at 232 registers it ran 13% fewer cycles than at
+  240; with batch >= 2, 240 stays 4-6% faster. Only the unmasked H = 128 grid kernels change,
+  and ``attention`` passes the call's batch."""
+  one = default_config(head_dim=128, seq_k=16384, batch=1)
+  assert one.bwd_registers == 232
+  assert dataclasses.replace(one, bwd_registers=240) == default_config(head_dim=128, seq_k=16384)
+  for kw in (dict(batch=2), dict(batch=None), dict(batch=1, masked=True),
+             dict(batch=1, key_masks=True)):
+    assert default_config(head_dim=128, seq_k=16384, **kw).bwd_registers == 240, kw
+  for h, s in ((64, 16384), (256, 4096), (128, 1024)):     # other forms: batch changes nothing
+    assert default_config(head_dim=h, seq_k=s, batch=1) == default_config(head_dim=h, seq_k=s)
+  seen = {}
+
+  def fake(q, k, v, *args, cfg, **kw):
+    seen["cfg"] = cfg
+    return q, None
+  monkeypatch.setattr(ops, "_attention", fake)
+  kw = dict(causal=False, scale=None, window=None, softcap=None, q_segment_ids=None,
+            kv_segment_ids=None, kv_lengths=None, return_lse=False, config=None, interpret=True)
+  for b, want in ((1, 232), (2, 240)):
+    q = jnp.zeros((b, 2048, 2, 128), jnp.bfloat16)
+    ops.attention(q, q, q, **kw)
+    assert seen["cfg"].bwd_registers == want
