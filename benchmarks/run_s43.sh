@@ -1,8 +1,8 @@
 # Next session, call 1 (written in session 42; ~6 minutes, any card): bwd_early_stats="lse_pre"
 # (lse read before S^T / dP^T are issued, not queued behind their shared-memory operand reads)
 # compiled against the late and early reads (bitwise), then against each row's default in the
-# same clock state (paired.py --against; "ratio" = default ms / variant ms as printed, "ours is
-# Nx": > 1 the default is slower). Prediction in NOTES (session 42, "lse_pre").
+# same clock state (paired.py --against; "ours is Nx" = variant ms / default ms: > 1 the default
+# is faster, < 1 the variant is). Prediction in NOTES (session 42, "lse_pre").
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 150 python3 -m pytest -q -x -m gpu \
