@@ -288,6 +288,27 @@ def dkdv_statics(cfg, *, h: int = 64, t: int = 256, causal: bool = True):
                                softcap=None, cfg=cfg, interpret=True)[1]
 
 
+def chosen_config(monkeypatch) -> Callable[..., Any]:
+  """``choose(q, **overrides) -> Config``: the Config that ``mosaic.ops.attention`` picks for
+  a self-attention call on ``q`` (unmasked, ``config=None``, interpret mode), its kernels
+  replaced by a stub that only records it."""
+  from pallas_attn.mosaic import ops  # pylint: disable=import-outside-toplevel
+  seen = {}
+
+  def fake(q, k, v, *args, cfg, **kw):
+    seen["cfg"] = cfg
+    return q, None
+  monkeypatch.setattr(ops, "_attention", fake)
+  base = dict(causal=False, scale=None, window=None, softcap=None, q_segment_ids=None,
+              kv_segment_ids=None, kv_lengths=None, return_lse=False, config=None,
+              interpret=True)
+
+  def choose(q, **overrides):
+    ops.attention(q, q, q, **dict(base, **overrides))
+    return seen["cfg"]
+  return choose
+
+
 def visible(case: Case, x: Inputs) -> np.ndarray:
   """Boolean [B, T, S] visibility from the reference's mask."""
   return np.asarray(reference.visible_mask(

@@ -4,6 +4,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
+import harness as H
 from pallas_attn.mosaic import Config, autotune, default_config
 
 SPACE = (Config(block_q=64, block_kv=64, num_stages=2), Config(block_q=64, block_kv=128,
@@ -116,32 +117,22 @@ def test_search_space_holds_the_masked_head_dim_64_default():
 def test_cached_winner_keeps_todays_backward(tmp_path, monkeypatch):
   """A winner cached before the backward defaults moved gives ops its forward fields only."""
   import dataclasses  # pylint: disable=import-outside-toplevel
-  from pallas_attn.mosaic import ops  # pylint: disable=import-outside-toplevel
   stale = Config(block_q=64, block_kv=64, num_stages=3, backward="triton", bwd_registers=224)
   path = tmp_path / "tune.json"
   key = autotune.problem_key(head_dim=64, seq_k=4096, causal=False, dtype=jnp.bfloat16)
   path.write_text(json.dumps({key: {"config": dataclasses.asdict(stale), "ms": 1.0}}))
   monkeypatch.setenv(autotune.ENV_VAR, str(path))
-  seen = {}
-
-  def fake(q, k, v, *args, cfg, **kw):
-    seen["cfg"] = cfg
-    return q, None
-  monkeypatch.setattr(ops, "_attention", fake)
+  choose = H.chosen_config(monkeypatch)
   q = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)
-  kw = dict(causal=False, scale=None, window=None, softcap=None, q_segment_ids=None,
-            kv_segment_ids=None, kv_lengths=None, return_lse=False, config=None, interpret=True)
-  ops.attention(q, q, q, **kw)
+  got = choose(q)
   want = default_config(head_dim=64, seq_k=4096)
-  got = seen["cfg"]
   assert (got.block_kv, got.num_stages) == (64, 3)                        # the tuned forward
   assert all(getattr(got, f) == getattr(want, f) for f in autotune.backward_fields())
   assert got.backward == "mosaic" and got.bwd_dkdv_block_q == 128
   # The call's own masks choose the backward too: segment ids take the 240-register pair.
   seg = jnp.zeros((1, 4096), jnp.int32)
-  ops.attention(q, q, q, **dict(kw, q_segment_ids=seg, kv_segment_ids=seg))
-  assert (seen["cfg"].bwd_registers, want.bwd_registers) == (240, 232)
-  assert seen["cfg"].block_kv == 64
+  segmented = choose(q, q_segment_ids=seg, kv_segment_ids=seg)
+  assert (segmented.bwd_registers, want.bwd_registers) == (240, 232)
+  assert segmented.block_kv == 64
   # A window was never tuned: the heuristic whole, not the unmasked class's winner.
-  ops.attention(q, q, q, **dict(kw, window=(256, 0)))
-  assert seen["cfg"] == default_config(head_dim=64, seq_k=4096, masked=True, windowed=True)
+  assert choose(q, window=(256, 0)) == default_config(head_dim=64, seq_k=4096, masked=True, windowed=True)

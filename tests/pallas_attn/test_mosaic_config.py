@@ -535,15 +535,6 @@ def test_one_sequence_takes_232_registers(monkeypatch):
     assert default_config(head_dim=128, seq_k=16384, **kw).bwd_registers == 240, kw
   for h, s in ((64, 16384), (256, 4096), (128, 1024)):     # other forms: batch changes nothing
     assert default_config(head_dim=h, seq_k=s, batch=1) == default_config(head_dim=h, seq_k=s)
-  seen = {}
-
-  def fake(q, k, v, *args, cfg, **kw):
-    seen["cfg"] = cfg
-    return q, None
-  monkeypatch.setattr(ops, "_attention", fake)
-  kw = dict(causal=False, scale=None, window=None, softcap=None, q_segment_ids=None,
-            kv_segment_ids=None, kv_lengths=None, return_lse=False, config=None, interpret=True)
+  choose = H.chosen_config(monkeypatch)
   for b, want in ((1, 232), (2, 240)):
-    q = jnp.zeros((b, 2048, 2, 128), jnp.bfloat16)
-    ops.attention(q, q, q, **kw)
-    assert seen["cfg"].bwd_registers == want
+    assert choose(jnp.zeros((b, 2048, 2, 128), jnp.bfloat16)).bwd_registers == want
