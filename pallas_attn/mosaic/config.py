@@ -304,8 +304,7 @@ class Config:
       scoreboard) for 19% of the consumer warps' stall samples. 16 registers a thread each,
       live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
       split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
-      mode ignores it. Default: "lse" on the unmasked H = 128 grid kernel, "lse+delta" elsewhere
-      (``default_config``). "lse+delta_early" reads D before dV's wgmma is issued instead of
+      mode ignores it. Default: "lse_pre" at H = 128, "lse+delta" elsewhere (``default_config``). "lse+delta_early" reads D before dV's wgmma is issued instead of
       after: with "lse+delta" ptxas (offline SASS, H = 128 grid kernel) put D's loads between
       dV's register-operand wgmmas, and that kernel was 10% slower than with "lse" alone
       (H100, session 31), where the persistent one was 4% faster. Untimed; the split kernel
@@ -313,7 +312,9 @@ class Config:
       instead of after: their operand reads take the SMEM pipe's whole rate, and an LDS
       queued behind them returned only after dP^T's, so the first FFMA of the softmax waited
       (14% of the step loop's stall samples at 1x16384x16x128 with "lse", Nsight Compute,
-      session 42). ptxas keeps the loads in front of the first wgmma (offline SASS); untimed.
+      session 42). ptxas keeps the loads in front of the first wgmma (offline SASS). fwd+bwd
+      against "lse" / "lse+delta", H100, session 43: 0.93-0.96x the time causal, 0.98-1.00x
+      full; offline it spills no more than "lse+delta" on any masked H = 128 form.
     bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
       128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
       runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]
@@ -591,6 +592,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # (Nsight Compute, no clock control, 1x16384x16x128: 9.74 M against 11.23 M); paired fwd+bwd
   # against 240, both orders: 1x16384x16x128 0.961 / 0.962 (twice), 1x32768x8x128 0.960 (H100,
   # session 42). With batch >= 2, 232 is 4-6% slower (8x2048 to 2x8192), so they keep 240.
+  # With "lse_pre" (below, session 43) the batch-1 pair ties (1x16384: 1.000) and 232 stays
+  # 4.7% / 4.1% slower at 4x4096 / 2x8192 full.
   if hp == 128 and not masked and not key_masks and not bwd_persistent and batch == 1:
     registers = 232
   # A step's lse and D read while S^T / dP^T run (bwd_early_stats; H100, session 31, both
@@ -601,7 +604,13 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # 1.650 with both (there ptxas put D's loads between dV's register-operand wgmmas; its spill
   # traffic stays outside the step loop with either: offline SASS, see "lse+delta_early";
   # reading D before dV's wgmmas, "lse+delta_early", measured no better: session 32).
-  early_stats = "lse" if hp == 128 and not masked and not bwd_persistent else "lse+delta"
+  # H = 128: "lse_pre", lse read before S^T / dP^T are issued, so that its shared-memory
+  # loads do not queue behind the wgmmas' operand reads (the first softmax FFMA waited on them:
+  # 8-18% of the step loop's stall samples, Nsight Compute, session 42). Paired fwd+bwd
+  # against the rules above ("lse" full, "lse+delta" causal / persistent), both orders, H100,
+  # session 43, variant ms / default ms: causal 0.928 (2x8192) to 0.964 (16x1024); full
+  # 0.977 (8x2048) to 0.996 (1x16384, batch-1 232 registers). Gradients bitwise the same.
+  early_stats = "lse_pre" if hp == 128 else "lse+delta"
   # H = 64 backward over 1024 keys (the grid dK/dV kernel), 128-wide steps in both kernels:
   # 128 queries a dK/dV step (bwd_dkdv_block_q; halves the step's fixed costs, see Config)
   # without early stats, 128 keys a dQ step. H100, session 32, both timing orders, cuDNN in
