@@ -393,7 +393,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         # queued behind the operand reads of S^T and dP^T, which take the SMEM pipe's whole
         # rate (Nsight Compute, session 42: the first FFMA waited on them for 14% of the step
         # loop's stall samples at 1x16384x16x128 with "lse").
-        lse = row_stat(slot, 0) if early == "lse_pre" else None
+        lse = row_stat(slot, 0) if early.startswith("lse_pre") else None
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
         if not defer and half != 1:
@@ -411,8 +411,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           refill(step_no)             # (self-fed) after this consumer's own release of s - 1
         pt, gt = probs_t(s, i, slot, masked, lse, half)
         # "lse+delta_early": D read before dV's wgmma is issued. Read after it, ptxas put the
-        # loads between dV's register-operand wgmmas (offline SASS, H = 128, session 31).
-        delta = row_stat(slot, 1) if early == "lse+delta_early" else None
+        # loads between dV's register-operand wgmmas (offline SASS, H = 128, session 31), and
+        # the first dP^T - D waited on them (5.8% of the step loop's stall samples with "lse"
+        # at 4x4096x16x128, Nsight Compute, session 42).
+        delta = row_stat(slot, 1) if early.endswith("delta_early") else None
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
           # a register operand they stay live until this wgmma retires, across the dS^T maths

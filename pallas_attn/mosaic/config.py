@@ -5,7 +5,7 @@ import dataclasses
 
 BACKWARDS = ("mosaic", "triton")
 HEAD_DIMS = (64, 128, 192, 256)    # native head dims (multiples of 64: one 128-byte swizzle row)
-EARLY_STATS = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early")
+EARLY_STATS = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +304,8 @@ class Config:
       scoreboard) for 19% of the consumer warps' stall samples. 16 registers a thread each,
       live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
       split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
-      mode ignores it. Default: "lse_pre" at H = 128, "lse+delta" elsewhere (``default_config``). "lse+delta_early" reads D before dV's wgmma is issued instead of
+      mode ignores it. Default: "lse_pre" at H = 128, "lse+delta" elsewhere
+      (``default_config``). "lse+delta_early" reads D before dV's wgmma is issued instead of
       after: with "lse+delta" ptxas (offline SASS, H = 128 grid kernel) put D's loads between
       dV's register-operand wgmmas, and that kernel was 10% slower than with "lse" alone
       (H100, session 31), where the persistent one was 4% faster. Untimed; the split kernel
@@ -315,6 +316,8 @@ class Config:
       session 42). ptxas keeps the loads in front of the first wgmma (offline SASS). fwd+bwd
       against "lse" / "lse+delta", H100, session 43: 0.93-0.96x the time causal, 0.98-1.00x
       full; offline it spills no more than "lse+delta" on any masked H = 128 form.
+      "lse_pre+delta_early": both, lse before S^T and D before dV's wgmma (D's loads, issued
+      behind dV's operand reads, were the next short-scoreboard wait: session 43); untimed.
     bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
       128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
       runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]

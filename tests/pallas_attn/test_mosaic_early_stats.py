@@ -57,12 +57,13 @@ def test_stats_loads_move_before_the_waits(h):
   # Unmasked, 4096 keys: the grid kernel (H = 128) or the split one (H = 256), with only the
   # unmasked step form. lse and D are one run of 8 loads each (64 columns, two floats a load).
   base = default_config(head_dim=h, seq_k=4096, masked=False)
-  modes = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early")
+  modes = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early")
   got = {mode: _step_events(dataclasses.replace(base, bwd_early_stats=mode), h)
          for mode in modes}
   early = {mode: _early_loads(ev) for mode, ev in got.items()}
   assert early == {"": 0, "lse": 1, "lse_pre": 1, "lse+delta": 2,
-                   "lse+delta_early": 2 if h == 256 else 1}
+                   "lse+delta_early": 2 if h == 256 else 1,
+                   "lse_pre+delta_early": 2 if h == 256 else 1}
   loads = {mode: sum(n for ev, n in evs if ev == "lds") for mode, evs in got.items()}
   assert {loads[m] for m in modes} == {16}                       # the same loads, moved
   if h == 128:
@@ -78,6 +79,11 @@ def test_stats_loads_move_before_the_waits(h):
     assert pre[i + 1] == ("mma", 16) and pre[i - 1] != ("mma", 16)
     j = lse.index(("lds", 8))
     assert lse[j - 1] == ("mma", 16) and lse[j + 1][0] == "wait"
+    # "lse_pre+delta_early": lse's run as "lse_pre", D's as "lse+delta_early".
+    both = got["lse_pre+delta_early"]
+    at = [i for i, e in enumerate(both) if e == ("lds", 8)]
+    assert both[at[0] + 1] == ("mma", 16) and both[at[0] - 1] != ("mma", 16)
+    assert both[at[1] - 1][0] == "wait" and both[at[1] + 1][0] == "mma"
   assert Config().bwd_early_stats == ""
 
 
@@ -126,7 +132,7 @@ def test_early_stats_gradients_bitwise_compiled(h, causal):
                                         config=cfg).astype(jnp.float32).sum()
     return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
   ref_val, ref_grads = run(base)
-  for mode in ("lse", "lse_pre", "lse+delta", "lse+delta_early"):
+  for mode in ("lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early"):
     val, grads = run(dataclasses.replace(base, bwd_early_stats=mode))
     np.testing.assert_array_equal(np.asarray(val), np.asarray(ref_val))
     for g, g0 in zip(grads, ref_grads):
