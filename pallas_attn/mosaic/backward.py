@@ -59,8 +59,9 @@ def _logits2(s, st: Statics):
 
 def _grad_logits(p, dp, delta, t, mask, dtype):
   """dS = P (dP - D) (1 - t^2 with a softcap), zero where masked, in the matmul dtype.
-  ``delta`` is already broadcast to the tile (rows for dS, columns for the transposed dS^T)."""
-  ds = p * (dp - delta)
+  ``delta`` is already broadcast to the tile (rows for dS, columns for the transposed dS^T);
+  None: ``dp`` is dP - D already."""
+  ds = p * (dp if delta is None else dp - delta)
   if t is not None:
     ds = ds * (1.0 - t * t)
   if mask is not None:
@@ -331,13 +332,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         pt = jnp.where(mask, pt, 0.0)
       return pt, (pt if t is None else pt * (1.0 - t * t))
 
-    def grad_logits_t(gt, dpt, slot, delta=None, half=None):
+    def grad_logits_t(gt, dpt, slot, delta=None, half=None, centred=False):
       """dS^T = G^T (dP^T - D) in the matmul dtype. D (16 registers a thread as a column
       broadcast) is read from SMEM here, after dP^T, rather than beside lse: live across the
       dV issue it pushed the consumer over its registers. And no mask: G^T is already 0
       wherever it would hide dS^T (dP^T and D are finite). Both cut ptxas's spills at H = 128
       (1x1024x2x128, CUDA 13.0): full 52 -> 16 bytes, causal 456 -> 164 (NOTES, session 28).
-      ``delta``: D when already read (``st.early_stats``)."""
+      ``delta``: D when already read (``st.early_stats``); ``centred``: ``dpt`` is already
+      dP^T - D (its accumulator started from -D)."""
+      if centred:
+        return _grad_logits(gt, dpt, None, None, None, k_smem.dtype)
       delta = row_stat(slot, 1, half) if delta is None else delta
       delta = lax.broadcast_in_dim(delta, shape if half is None else half_shape, [1])
       return _grad_logits(gt, dpt, delta, None, None, k_smem.dtype)
@@ -394,6 +398,16 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         # rate (Nsight Compute, session 42: the first FFMA waited on them for 14% of the step
         # loop's stall samples at 1x16384x16x128 with "lse").
         lse = row_stat(slot, 0) if early.startswith("lse_pre") else None
+        # "lse_pre+delta_acc": D read here too and -D written into dP^T's accumulator before
+        # its wgmma is issued, so the product comes out as dP^T - D (the factor of dS^T, FA2
+        # Algorithm 2 line 16): D's registers are free again once S^T is issued, and no FADD
+        # of the softmax's half waits on D's loads.
+        # Written before S^T is issued: written after it, ptxas waits for S^T there (C7517:
+        # the accumulator's registers were the previous step's dP^T, defined by a wgmma).
+        neg_d = None
+        if early == "lse_pre+delta_acc":
+          neg_d = -lax.broadcast_in_dim(row_stat(slot, 1), shape, [1])
+          dp_acc[...] = neg_d
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
         if not defer and half != 1:
@@ -426,10 +440,10 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         else:
           plgpu.wgmma(dv_acc, pt.astype(k_smem.dtype), do_op)
         # dP^T was issued before dV: waiting down to one group in flight finishes it.
-        if delta is None and "delta" in early:
+        if delta is None and early in ("lse+delta", "lse+delta_early"):
           delta = row_stat(slot, 1)
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
-        return grad_logits_t(gt, dpt, slot, delta, half)
+        return grad_logits_t(gt, dpt, slot, delta, half, centred=neg_d is not None)
 
       def operands(half):
         """The step's Q and dO tiles, or their query half ``half``."""

@@ -5,7 +5,8 @@ import dataclasses
 
 BACKWARDS = ("mosaic", "triton")
 HEAD_DIMS = (64, 128, 192, 256)    # native head dims (multiples of 64: one 128-byte swizzle row)
-EARLY_STATS = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early")
+EARLY_STATS = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early",
+               "lse_pre+delta_acc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +319,10 @@ class Config:
       full; offline it spills no more than "lse+delta" on any masked H = 128 form.
       "lse_pre+delta_early": both, lse before S^T and D before dV's wgmma (D's loads, issued
       behind dV's operand reads, were the next short-scoreboard wait: session 43); untimed.
+      "lse_pre+delta_acc": lse as "lse_pre", and D read beside it and written, negated, into
+      dP^T's accumulator before that wgmma is issued, so the product is dP^T - D (no FADD
+      waits on D, no D registers live past S^T's issue). dK changes by float32 rounding (the
+      subtraction happens inside the wgmma's sum). Untimed.
     bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
       128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
       runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]

@@ -57,13 +57,15 @@ def test_stats_loads_move_before_the_waits(h):
   # Unmasked, 4096 keys: the grid kernel (H = 128) or the split one (H = 256), with only the
   # unmasked step form. lse and D are one run of 8 loads each (64 columns, two floats a load).
   base = default_config(head_dim=h, seq_k=4096, masked=False)
-  modes = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early")
+  modes = ("", "lse", "lse_pre", "lse+delta", "lse+delta_early", "lse_pre+delta_early",
+           "lse_pre+delta_acc")
   got = {mode: _step_events(dataclasses.replace(base, bwd_early_stats=mode), h)
          for mode in modes}
   early = {mode: _early_loads(ev) for mode, ev in got.items()}
   assert early == {"": 0, "lse": 1, "lse_pre": 1, "lse+delta": 2,
                    "lse+delta_early": 2 if h == 256 else 1,
-                   "lse_pre+delta_early": 2 if h == 256 else 1}
+                   "lse_pre+delta_early": 2 if h == 256 else 1,
+                   "lse_pre+delta_acc": 2 if h == 256 else 1}
   loads = {mode: sum(n for ev, n in evs if ev == "lds") for mode, evs in got.items()}
   assert {loads[m] for m in modes} == {16}                       # the same loads, moved
   if h == 128:
@@ -84,6 +86,10 @@ def test_stats_loads_move_before_the_waits(h):
     at = [i for i, e in enumerate(both) if e == ("lds", 8)]
     assert both[at[0] + 1] == ("mma", 16) and both[at[0] - 1] != ("mma", 16)
     assert both[at[1] - 1][0] == "wait" and both[at[1] + 1][0] == "mma"
+    # "lse_pre+delta_acc": D's loads join lse's in one run before S^T and dP^T are issued
+    # (-D is dP^T's starting accumulator), and none follows the products.
+    acc = got["lse_pre+delta_acc"]
+    assert acc[:2] == [("lds", 16), ("mma", 16)] and acc.count(("lds", 16)) == 1
   assert Config().bwd_early_stats == ""
 
 
@@ -137,3 +143,15 @@ def test_early_stats_gradients_bitwise_compiled(h, causal):
     np.testing.assert_array_equal(np.asarray(val), np.asarray(ref_val))
     for g, g0 in zip(grads, ref_grads):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(g0))
+  # "lse_pre+delta_acc" subtracts D inside dP^T's wgmma sum: out, dQ (its own kernel) and dV
+  # unchanged; dK within float32 rounding of the default's before the cast to bf16 (at
+  # H = 256 the split kernel reads the mode as "lse+delta": bitwise).
+  val, (dq, dk, dv) = run(dataclasses.replace(base, bwd_early_stats="lse_pre+delta_acc"))
+  np.testing.assert_array_equal(np.asarray(val), np.asarray(ref_val))
+  for g, g0 in ((dq, ref_grads[0]), (dv, ref_grads[2])):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(g0))
+  dk, dk0 = np.asarray(dk, np.float32), np.asarray(ref_grads[1], np.float32)
+  if h == 256:
+    np.testing.assert_array_equal(dk, dk0)
+  else:
+    assert np.abs(dk - dk0).max() <= 2.0 ** -7 * np.abs(dk0).max()
