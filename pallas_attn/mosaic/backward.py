@@ -59,8 +59,7 @@ def _logits2(s, st: Statics):
 
 def _grad_logits(p, dp, delta, t, mask, dtype):
   """dS = P (dP - D) (1 - t^2 with a softcap), zero where masked, in the matmul dtype.
-  ``delta`` is already broadcast to the tile (rows for dS, columns for the transposed dS^T);
-  None: ``dp`` is dP - D already."""
+  ``delta``: broadcast to the tile (rows for dS, columns for dS^T); None: ``dp`` is dP - D."""
   ds = p * (dp if delta is None else dp - delta)
   if t is not None:
     ds = ds * (1.0 - t * t)
@@ -338,13 +337,11 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       dV issue it pushed the consumer over its registers. And no mask: G^T is already 0
       wherever it would hide dS^T (dP^T and D are finite). Both cut ptxas's spills at H = 128
       (1x1024x2x128, CUDA 13.0): full 52 -> 16 bytes, causal 456 -> 164 (NOTES, session 28).
-      ``delta``: D when already read (``st.early_stats``); ``centred``: ``dpt`` is already
-      dP^T - D (its accumulator started from -D)."""
-      if centred:
-        return _grad_logits(gt, dpt, None, None, None, k_smem.dtype)
-      delta = row_stat(slot, 1, half) if delta is None else delta
-      delta = lax.broadcast_in_dim(delta, shape if half is None else half_shape, [1])
-      return _grad_logits(gt, dpt, delta, None, None, k_smem.dtype)
+      ``delta``: D when already read (``st.early_stats``); ``centred``: ``dpt`` is dP^T - D."""
+      if not centred:
+        delta = row_stat(slot, 1, half) if delta is None else delta
+        delta = lax.broadcast_in_dim(delta, shape if half is None else half_shape, [1])
+      return _grad_logits(gt, dpt, None if centred else delta, None, None, k_smem.dtype)
 
     def wait_inputs(slot):
       plgpu.barrier_wait(q_ready.at[slot])
@@ -393,17 +390,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         """S^T, P^T, dV's issue, dP^T -> dS^T of the step, or of its query half ``half``."""
         q_op, do_op = operands(half)
         early = "" if masked else st.early_stats
-        # "lse_pre": lse read before S^T is issued, so that its shared-memory loads are not
-        # queued behind the operand reads of S^T and dP^T, which take the SMEM pipe's whole
-        # rate (Nsight Compute, session 42: the first FFMA waited on them for 14% of the step
-        # loop's stall samples at 1x16384x16x128 with "lse").
+        # "lse_pre": lse read before S^T is issued, so its loads do not queue behind the
+        # operand reads of S^T and dP^T, which take the SMEM pipe's whole rate (the first FFMA
+        # waited on them: Nsight Compute, session 42). "lse_pre+delta_acc": -D written into
+        # dP^T's accumulator there too, so the wgmma returns dP^T - D (FA2 Algorithm 2 line
+        # 16) and no FADD waits on D; before S^T's issue, as after it ptxas waited for S^T
+        # (C7517: the registers were the previous step's dP^T, defined by a wgmma).
         lse = row_stat(slot, 0) if early.startswith("lse_pre") else None
-        # "lse_pre+delta_acc": D read here too and -D written into dP^T's accumulator before
-        # its wgmma is issued, so the product comes out as dP^T - D (the factor of dS^T, FA2
-        # Algorithm 2 line 16): D's registers are free again once S^T is issued, and no FADD
-        # of the softmax's half waits on D's loads.
-        # Written before S^T is issued: written after it, ptxas waits for S^T there (C7517:
-        # the accumulator's registers were the previous step's dP^T, defined by a wgmma).
         neg_d = None
         if early == "lse_pre+delta_acc":
           neg_d = -lax.broadcast_in_dim(row_stat(slot, 1), shape, [1])
@@ -412,10 +405,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
         if not defer and half != 1:
           refill(step_no)             # (self-fed) while this step's S^T and dP^T run
-        # ``st.early_stats``: lse read while S^T is in flight. Read after the wait, each
-        # shared-memory load sat in front of its first use and the consumer stalled on it (the
-        # FFMA of s * c - lse: 19% of the consumer's stall samples at 4x4096x16x128 full,
-        # Nsight Compute, session 30), queued behind the wgmmas' own operand reads.
+        # "lse": read while S^T is in flight. After the wait, the FFMA of s * c - lse stalled
+        # on each load (19% of the consumer's stall samples: Nsight Compute, session 30).
         if lse is None and "lse" in early:
           lse = row_stat(slot, 0)
         # (half 1: waits for half 0's dK as well, the last reader of its dS^T registers)
@@ -424,10 +415,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
           refill(step_no)             # (self-fed) after this consumer's own release of s - 1
         pt, gt = probs_t(s, i, slot, masked, lse, half)
-        # "lse+delta_early": D read before dV's wgmma is issued. Read after it, ptxas put the
-        # loads between dV's register-operand wgmmas (offline SASS, H = 128, session 31), and
-        # the first dP^T - D waited on them (5.8% of the step loop's stall samples with "lse"
-        # at 4x4096x16x128, Nsight Compute, session 42).
+        # "lse+delta_early": D read before dV's wgmma is issued (Config's docstring says why).
         delta = row_stat(slot, 1) if early.endswith("delta_early") else None
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
