@@ -399,7 +399,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         lse = row_stat(slot, 0) if early.startswith("lse_pre") else None
         neg_d = None
         if early == "lse_pre+delta_acc":
-          neg_d = -lax.broadcast_in_dim(row_stat(slot, 1), shape, [1])
+          neg_d = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
           dp_acc[...] = neg_d
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))

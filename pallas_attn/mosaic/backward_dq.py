@@ -159,8 +159,10 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
         p = jnp.where(mask, p, 0.0)
       return p, t, mask
 
-    def grad_logits(p, dp, t, mask):
-      return _grad_logits(p, dp, lax.broadcast_in_dim(delta, shape, [0]), t, mask, q_smem.dtype)
+    def grad_logits(p, dp, t, mask, centred=False):
+      """dS; ``centred``: ``dp`` is dP - D already (``st.dq_delta_acc``)."""
+      d = None if centred else lax.broadcast_in_dim(delta, shape, [0])
+      return _grad_logits(p, dp, d, t, mask, q_smem.dtype)
 
     def step(j, dq, masked: bool):
       """Interpret form: one synchronous wgmma at a time, dS staged through SMEM."""
@@ -193,6 +195,8 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
         plgpu.barrier_wait(seg_ready.at[slot])
 
       def scores(s_acc, dp_acc):
+        if st.dq_delta_acc:   # before S's issue: after it, ptxas would wait for S (C7517)
+          dp_acc[...] = lax.broadcast_in_dim(-delta, shape, [0])
         plgpu.wgmma(s_acc, q_op, k_smem.at[slot].transpose((1, 0)))
         if st.dq_serial:
           # S's accumulator is read (and P computed) before dP's is in flight.
@@ -215,7 +219,7 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       acc = plgpu.ACC(shape, jnp.float32)
       p, t, mask, dp = pl.run_scoped(scores, acc, acc)
       release_v(v_slot)
-      plgpu.wgmma(dq_acc, grad_logits(p, dp, t, mask), k_smem.at[slot])
+      plgpu.wgmma(dq_acc, grad_logits(p, dp, t, mask, centred=st.dq_delta_acc), k_smem.at[slot])
       if not st.defer_wait:
         plgpu.wgmma_wait(0)
         release_k(slot)

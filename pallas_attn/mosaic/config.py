@@ -298,31 +298,25 @@ class Config:
       128 (the kernel already spills ~50 bytes at 232). Interpret mode ignores it. H200
       (session 14): bitwise the same gradients but the dK/dV kernel 9-17% slower ("k": 1.675
       -> 1.835 ms at 4x4096x16x128 full; "v": 1.853) with 312 bytes of spills. "" (off).
-    bwd_early_stats: the compiled dK/dV kernel reads a step's lse ("lse") and D ("lse+delta")
-      from the stats ring while S^T = K Q^T (dP^T = V dO^T) runs, instead of after waiting for
-      it. Nsight Compute (H200, session 30, 4x4096x16x128 full): each of those shared-memory
-      loads sat just before its first use, and the FFMAs of s * c - lse waited on them (short
-      scoreboard) for 19% of the consumer warps' stall samples. 16 registers a thread each,
-      live across the wait; unmasked steps only (ptxas spills more on the masked ones). The
-      split dK/dV kernel (H = 256) reads them before its S^T (dP^T) product instead. Interpret
-      mode ignores it. Default: "lse_pre" at H = 128, "lse+delta" elsewhere
-      (``default_config``). "lse+delta_early" reads D before dV's wgmma is issued instead of
-      after: with "lse+delta" ptxas (offline SASS, H = 128 grid kernel) put D's loads between
-      dV's register-operand wgmmas, and that kernel was 10% slower than with "lse" alone
-      (H100, session 31), where the persistent one was 4% faster. Untimed; the split kernel
-      (H > 128) treats it as "lse+delta". "lse_pre" reads lse before S^T and dP^T are issued
-      instead of after: their operand reads take the SMEM pipe's whole rate, and an LDS
-      queued behind them returned only after dP^T's, so the first FFMA of the softmax waited
-      (14% of the step loop's stall samples at 1x16384x16x128 with "lse", Nsight Compute,
-      session 42). ptxas keeps the loads in front of the first wgmma (offline SASS). fwd+bwd
-      against "lse" / "lse+delta", H100, session 43: 0.93-0.96x the time causal, 0.98-1.00x
-      full; offline it spills no more than "lse+delta" on any masked H = 128 form.
-      "lse_pre+delta_early": both, lse before S^T and D before dV's wgmma (D's loads, issued
-      behind dV's operand reads, were the next short-scoreboard wait: session 43); untimed.
-      "lse_pre+delta_acc": lse as "lse_pre", and D read beside it and written, negated, into
-      dP^T's accumulator before that wgmma is issued, so the product is dP^T - D (no FADD
-      waits on D, no D registers live past S^T's issue). dK changes by float32 rounding (the
-      subtraction happens inside the wgmma's sum). Untimed.
+    bwd_early_stats: when the compiled dK/dV kernel reads a step's lse and D (16 registers a
+      thread each) from the stats ring. Read after the wgmma waits, each shared-memory load sat
+      in front of its first use, queued behind the products' SMEM operand reads, and the
+      softmax's FFMAs waited on it (19% of the consumers' stall samples, Nsight Compute,
+      session 30). "": after the waits; "lse" / "lse+delta": while S^T = K Q^T and
+      dP^T = V dO^T run; "lse+delta_early": D before dV's wgmma is issued; "lse_pre": lse
+      before S^T and dP^T are issued (ptxas keeps its loads ahead of the first wgmma);
+      "lse_pre+delta_early": both; "lse_pre+delta_acc": lse as "lse_pre", and -D written into
+      dP^T's accumulator before its issue, so that the wgmma returns dP^T - D (no FADD waits
+      on D; dK moves by float32 rounding). Unmasked steps only; the split kernel (H > 128)
+      reads what the name contains before its products; interpret mode ignores it. Default:
+      "lse_pre" at H = 128 (fwd+bwd 0.93-0.96x the time of the earlier defaults causal,
+      0.98-1.00x full, H100, session 43), "lse+delta" elsewhere (``default_config``). Each
+      form's measurements: benchmarks/NOTES.md, sessions 30-32 and 42-43.
+    bwd_dq_delta_acc: the compiled dQ kernel starts each step's dP accumulator from -D (D is
+      held in registers across the loop), so the wgmma returns dP - D and dS = P (dP - D)
+      needs no subtraction. In the causal mask-free loop dP's zeroing was 32 MOVs a step that
+      the -D write replaces: 275 -> 244 instructions a step (offline SASS, 4x4096x16x128,
+      session 43); unmasked 237 -> 238. dQ moves by float32 rounding. Untimed; off.
     bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
       128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
       runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]
@@ -405,6 +399,7 @@ class Config:
   q_regs_cols: int = 0
   bwd_dq_regs: bool = False
   bwd_dq_serial: bool = False
+  bwd_dq_delta_acc: bool = False
   bwd_dkdv_regs: str = ""
   bwd_early_stats: str = ""
   bwd_masked_halves: bool = False

@@ -104,13 +104,13 @@ class Statics:
                                 # A operand from registers (loaded once per tile), not SMEM
   qdo_regs: bool = False        # dQ kernel (compiled): Q and dO as register A operands of S, dP
   kv_regs: str = ""             # dK/dV kernel (compiled): "k", "v" or "kv" as register A operands
-  early_stats: str = ""         # dK/dV kernel (compiled): "lse" / "lse+delta" read from SMEM
-                                # while the S^T / dP^T wgmma runs, not after its wait
+  early_stats: str = ""         # dK/dV kernel (compiled): Config.bwd_early_stats
   masked_halves: bool = False   # dK/dV kernel: masked 128-query steps as two 64-query halves
   free_first: bool = False      # dK/dV grid kernel: a tile's mask-free Q blocks visited first
   v_stages: int = 0             # V ring depth where it differs from K's (0: the same): the dQ
                                 # kernel's shallower V ring, the forward's ``Config.v_stages``
   dq_serial: bool = False       # dQ kernel (compiled): S waited for, P computed, then dP issued
+  dq_delta_acc: bool = False    # dQ kernel (compiled): dP's accumulator starts from -D
   delta_in_dq: bool = False     # dQ kernel: D = rowsum(dO * O) for its rows, written with lse
   exit_read_only: bool = False  # compiled: the final TMA-store wait is for SMEM reads only
 

@@ -249,6 +249,7 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 dq_lag=cfg.bwd_dq_lag,
                 qdo_regs=cfg.bwd_dq_regs and not interpret,
                 dq_serial=cfg.bwd_dq_serial and not interpret,
+                dq_delta_acc=cfg.bwd_dq_delta_acc and not interpret,
                 kv_regs="" if interpret else cfg.bwd_dkdv_regs,
                 early_stats="" if interpret else cfg.bwd_early_stats,
                 masked_halves=cfg.bwd_masked_halves, free_first=cfg.bwd_free_first)
