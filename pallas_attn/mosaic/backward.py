@@ -415,7 +415,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           pl.when(step_no > 0)(lambda: release_step(lax.rem(step_no - 1, stages)))
           refill(step_no)             # (self-fed) after this consumer's own release of s - 1
         pt, gt = probs_t(s, i, slot, masked, lse, half)
-        # "lse+delta_early": D read before dV's wgmma is issued (Config's docstring says why).
+        # "lse+delta_early": D read before dV's issue (ptxas had put it amid dV's wgmmas).
         delta = row_stat(slot, 1) if early.endswith("delta_early") else None
         if st.pt_smem:
           # P^T through SMEM: its 16 bf16 registers a thread are free again at once, where as
