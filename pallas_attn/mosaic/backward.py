@@ -397,10 +397,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         # 16) and no FADD waits on D; before S^T's issue, as after it ptxas waited for S^T
         # (C7517: the registers were the previous step's dP^T, defined by a wgmma).
         lse = row_stat(slot, 0) if early.startswith("lse_pre") else None
-        neg_d = None
-        if early == "lse_pre+delta_acc":
-          neg_d = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
-          dp_acc[...] = neg_d
+        centred = early == "lse_pre+delta_acc"
+        if centred:
+          dp_acc[...] = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
         if not defer and half != 1:
@@ -431,7 +430,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         if delta is None and early in ("lse+delta", "lse+delta_early"):
           delta = row_stat(slot, 1)
         dpt = plgpu.wgmma_accumulator_load(dp_acc, wait_n=1)
-        return grad_logits_t(gt, dpt, slot, delta, half, centred=neg_d is not None)
+        return grad_logits_t(gt, dpt, slot, delta, half, centred=centred)
 
       def operands(half):
         """The step's Q and dO tiles, or their query half ``half``."""
