@@ -314,9 +314,10 @@ class Config:
       form's measurements: benchmarks/NOTES.md, sessions 30-32 and 42-43.
     bwd_dq_delta_acc: the compiled dQ kernel starts each step's dP accumulator from -D (D is
       held in registers across the loop), so the wgmma returns dP - D and dS = P (dP - D)
-      needs no subtraction. In the causal mask-free loop dP's zeroing was 32 MOVs a step that
-      the -D write replaces: 275 -> 244 instructions a step (offline SASS, 4x4096x16x128,
-      session 43); unmasked 237 -> 238. dQ moves by float32 rounding. Untimed; off.
+      needs no subtraction after dP's wait. In the causal mask-free loop the -D write replaces
+      dP's 32 zeroing MOVs: 275 -> 244 instructions a step (offline SASS, session 43). dQ
+      moves by float32 rounding. Default at H = 64 and 128 (fwd+bwd 0.98-0.99x causal, 0.99x
+      full, H100, session 44); off at H = 256 (the split backward's dQ kernel, untimed).
     bwd_masked_halves: with 128-query dK/dV steps (``bwd_dkdv_block_q`` or ``bwd_block_q``
       128), each masked step (the diagonal of a causal or windowed call, key / segment masks)
       runs as two 64-query halves, the 64-wide step twice: S^T and dP^T are [block_kv, 64]
@@ -614,6 +615,9 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # session 43, variant ms / default ms: causal 0.928 (2x8192) to 0.964 (16x1024); full
   # 0.977 (8x2048) to 0.996 (1x16384, batch-1 232 registers). Gradients bitwise the same.
   early_stats = "lse_pre" if hp == 128 else "lse+delta"
+  # -D as the dQ kernel's starting dP accumulator (bwd_dq_delta_acc), paired fwd+bwd against
+  # the rules above, both orders, H100, session 44: causal 0.979 (4x4096x32x64) to 0.991
+  # (1x16384x16x128), full 0.993-0.995 (16x1024 to 2x8192 at H = 128, 4x4096x32x64).
   # H = 64 backward over 1024 keys (the grid dK/dV kernel), 128-wide steps in both kernels:
   # 128 queries a dK/dV step (bwd_dkdv_block_q; halves the step's fixed costs, see Config)
   # without early stats, 128 keys a dQ step. H100, session 32, both timing orders, cuDNN in
@@ -682,6 +686,7 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
                 consumers=3 if three else 2,
                 bwd_split_dkdv=wide, bwd_dq_serial=wide, bwd_registers=registers,
+                bwd_dq_delta_acc=not wide,
                 persistent=persistent_ok and not three,
                 dynamic_schedule=persistent_ok and masked,
                 pin_softmax=masked, named_free=masked, named_barriers=not full_h64,
