@@ -4,6 +4,7 @@
 #   breakdown NAME SECONDS --rows 4x4096x32x64 --causal 1 --variant "x:field=value"
 #   one_fwd 32x512x32x64 --causal "block_kv=128,persistent=True"
 #   gpu_tests 200 tests/pallas_attn/test_mosaic_masked_halves.py ...
+#   paired 200 --out "$OUT/x" --rows 4x4096x16x128 --causal 0,1 [--against n:field=value]
 #
 # breakdown: bwd_breakdown.py against cuDNN under a timeout, its JSON kept as $OUT/keep/NAME.json.
 # one_fwd: one forward config in its own process (mosaic_one.py, cuDNN on the same inputs),
@@ -28,4 +29,11 @@ gpu_tests() {
   local secs=$1; shift
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 5 "$secs" python3 -m pytest -q -m gpu -n 8 \
       -p no:cacheprovider -rfE "$@" 2>&1 | tail -3
+}
+
+paired() {
+  # paired.py (2 s pre-heat, both orders) under a timeout: paired SECONDS --out ... --rows ...
+  local secs=$1; shift
+  timeout -k 5 "$secs" python3 benchmarks/paired.py --preheat 2 "$@" 2>&1 | grep -v "^WARNING" \
+      | cut -c1-400
 }

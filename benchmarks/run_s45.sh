@@ -6,11 +6,10 @@
 source benchmarks/setup_gpu.sh >/dev/null 2>&1
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$card"
-run() { timeout -k 5 "$1" python3 benchmarks/paired.py --preheat 2 "${@:2}" 2>&1 \
-          | grep -v "^WARNING" | cut -c1-400; }
+source benchmarks/device_helpers.sh
 H128=4x4096x16x128,2x8192x16x128,1x16384x16x128,16x1024x16x128,8x2048x16x128
-run 300 --out "$OUT/fwdbwd" --budget-s 270 --rows "$H128" --causal 0,1
-run 90 --out "$OUT/fwdbwd_h64" --budget-s 70 --rows 4x4096x32x64 --causal 0,1
+paired 300 --out "$OUT/fwdbwd" --budget-s 270 --rows "$H128" --causal 0,1
+paired 90 --out "$OUT/fwdbwd_h64" --budget-s 70 --rows 4x4096x32x64 --causal 0,1
 if [[ "$card" == *H200* ]]; then
-  run 110 --out "$OUT/fwd" --budget-s 80 --mode fwd --rows "$H128" --causal 0,1
+  paired 110 --out "$OUT/fwd" --budget-s 80 --mode fwd --rows "$H128" --causal 0,1
 fi
