@@ -240,7 +240,7 @@ class Config:
       writes need it too (NOTES, session 12); Q in registers takes H / 2 registers a thread, so
       at H = 256 (O alone is 128) only a part fits. Interpret mode ignores it (no register
       wgmma operands there); not with ``overlap`` (its own loop keeps Q in SMEM); nor in the
-      unmasked loop when ``block_kv`` equals the head dim (``ops.register_q_cols``: wrong
+      unmasked loop when ``block_kv`` equals the head dim (``operands.register_q_cols``: wrong
       outputs compiled at H = 128 / 128 keys and H = 64 / 64 keys, cause not located).
       H200 (session 14): H = 64 +4% (full and causal 4x4096x32x64, now the default there);
       H = 128 causal and H = 256 within +-1.5%. 0 (off) elsewhere.
@@ -558,7 +558,7 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # Q in registers (q_regs_cols) on those two H = 64 rows: full 1.1488 -> 1.1051 ms (0.989 ->
   # 1.030x cuDNN), causal 0.6225 -> 0.6079 (1.011 -> 1.041x; H200, session 14). At H = 128 /
   # 256 it measured within +-1.5% (and the unmasked H = 128 form is not served, see
-  # ops.register_q_cols). The dQ kernel's Q and dO in registers (bwd_dq_regs): bitwise the
+  # operands.register_q_cols). The dQ kernel's Q and dO in registers (bwd_dq_regs): bitwise the
   # same gradients, its kernel 0.5-3% faster at H = 128 (session 14).
   # Head dims over 128: the split dK/dV kernel and the dQ kernel with S waited for before dP
   # (bwd_dq_serial), without Q / dO in registers (128 more registers next to dQ's 128: the

@@ -232,3 +232,14 @@ class FusedDQ:
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)     # the slot's last reduction read it
         self.send(part, self.dqt_smem.at[lax.rem(s * chunks + c, 2)], s, cols)
     plgpu.wait_smem_to_gmem(0)
+
+
+def visited_parts(meta, *, kv_tiles: int, b: int, tq: int, bq: int):
+  """[tiles, B, T, 1, 1] mask: row block i of batch b was visited by K/V tile j (its Q block
+  range [lo, hi) from the metadata; every block when there is none)."""
+  if meta is None:
+    return jnp.ones((kv_tiles, b, tq, 1, 1), bool)
+  blk = jnp.arange(tq) // bq                                   # [T]
+  lo = jnp.moveaxis(meta[..., 0], 1, 0)[..., None]             # [tiles, B, 1]
+  hi = jnp.moveaxis(meta[..., 3], 1, 0)[..., None]
+  return ((blk >= lo) & (blk < hi))[..., None, None]

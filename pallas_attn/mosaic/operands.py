@@ -8,6 +8,8 @@ from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_attn.mosaic.config import Config
+
 
 def q_operands(q_smem, reg_cols: int):
   """S = Q K^T's A operands as ``[(operand, columns)]``: Q's first ``reg_cols`` columns loaded
@@ -20,7 +22,7 @@ def q_operands(q_smem, reg_cols: int):
   64 rows per warpgroup) removes a third to a half of the step's SMEM reads; at H = 256 only
   part of Q fits next to O's 128 registers, hence a column split (multiples of 64: one swizzle
   row). H200 (session 14): +4% at H = 64, nothing at H = 128 / 256. Compiled, the unmasked
-  loop gave wrong outputs with as many keys per block as the head dim (``ops.register_q_cols``
+  loop gave wrong outputs with as many keys per block as the head dim (``operands.register_q_cols``
   keeps Q in SMEM there).
   """
   h = q_smem.shape[-1]
@@ -65,3 +67,17 @@ def pv_swizzle(block_kv: int, itemsize: int) -> int:
     if block_kv % (swizzle // itemsize) == 0:
       return swizzle
   raise ValueError(f"block_kv={block_kv} is not a multiple of {32 // itemsize}")
+
+
+def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> int:
+  """Columns of Q the forward holds in registers (``Config.q_regs_cols``), 0 where it is not
+  served: interpret mode (no register wgmma operands), ``overlap`` (its own loop), and the
+  unmasked loop with as many keys per block as the head dim. Compiled on the H200 that last
+  form gave wrong outputs: H = 128 with 128-key blocks (all of Q or its first 64 columns in
+  registers; every launch form: grid, persistent, mbarrier turns) and H = 64 with 64-key
+  blocks; while the masked loops with the same tiles, and unmasked H = 128 with 64-key blocks,
+  H = 64 with 128 / 256 and H = 256 (128 columns) with 64 were right (benchmarks/NOTES.md,
+  session 14). The cause is not located, so that form keeps Q in shared memory."""
+  if interpret or cfg.overlap or (not masked and cfg.block_kv == hp):
+    return 0
+  return min(cfg.q_regs_cols, hp)

@@ -24,10 +24,10 @@ from pallas_attn import masks
 from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.vma import match_vma, out_struct, vma
 from pallas_attn.mosaic import (autotune, backward, backward_dq, backward_split, kernels,
-                                stream_merge, stream_tail)
+                                operands, stream_merge, stream_tail)
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
-from pallas_attn.mosaic.fused_dq import dq_width
+from pallas_attn.mosaic.fused_dq import dq_width, visited_parts
 from pallas_attn.triton import kernels as triton_kernels
 from pallas_attn.triton import ops as triton_ops
 
@@ -498,7 +498,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                          (*dkdv_out, jax.ShapeDtypeStruct((kv_tiles, b, tq, n, hp), jnp.float32)),
                          meta_dkdv)
     # Tiles that never see a Q block leave their slice unwritten: mask by the visited ranges.
-    visited = _visited_parts(meta_dkdv, kv_tiles=kv_tiles, b=b, tq=tq, bq=bq)
+    visited = visited_parts(meta_dkdv, kv_tiles=kv_tiles, b=b, tq=tq, bq=bq)
     dq = (jnp.sum(jnp.where(visited, parts, 0.0), axis=0) * st_dkdv.scale).astype(q.dtype)
   else:
     acc = jax.new_ref(jnp.zeros((b, tq, n, hp), jnp.float32))
@@ -506,17 +506,6 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                   dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv, extra_inputs=(acc,))
     dq = (acc[...] * st_dkdv.scale).astype(q.dtype)
   return dq[:, :t, :, :h], dk[:, :s, :, :h], dv[:, :s, :, :h]
-
-
-def _visited_parts(meta, *, kv_tiles: int, b: int, tq: int, bq: int):
-  """[tiles, B, T, 1, 1] mask: row block i of batch b was visited by K/V tile j (its Q block
-  range [lo, hi) from the metadata; every block when there is none)."""
-  if meta is None:
-    return jnp.ones((kv_tiles, b, tq, 1, 1), bool)
-  blk = jnp.arange(tq) // bq                                   # [T]
-  lo = jnp.moveaxis(meta[..., 0], 1, 0)[..., None]             # [tiles, B, 1]
-  hi = jnp.moveaxis(meta[..., 3], 1, 0)[..., None]
-  return ((blk >= lo) & (blk < hi))[..., None, None]
 
 
 def _with_kv_len(ranges, kv_len):
@@ -527,20 +516,6 @@ def _with_kv_len(ranges, kv_len):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def register_q_cols(cfg: Config, *, hp: int, interpret: bool, masked: bool) -> int:
-  """Columns of Q the forward holds in registers (``Config.q_regs_cols``), 0 where it is not
-  served: interpret mode (no register wgmma operands), ``overlap`` (its own loop), and the
-  unmasked loop with as many keys per block as the head dim. Compiled on the H200 that last
-  form gave wrong outputs: H = 128 with 128-key blocks (all of Q or its first 64 columns in
-  registers; every launch form: grid, persistent, mbarrier turns) and H = 64 with 64-key
-  blocks; while the masked loops with the same tiles, and unmasked H = 128 with 64-key blocks,
-  H = 64 with 128 / 256 and H = 256 (128 columns) with 64 were right (benchmarks/NOTES.md,
-  session 14). The cause is not located, so that form keeps Q in shared memory."""
-  if interpret or cfg.overlap or (not masked and cfg.block_kv == hp):
-    return 0
-  return min(cfg.q_regs_cols, hp)
 
 
 def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softcap, cfg: Config,
@@ -587,7 +562,7 @@ def _forward(q, k, v, q_seg, kv_seg, kv_lengths, *, causal, scale, window, softc
       exit_read_only=cfg.exit_read_only and not interpret,
       consumers=cfg.consumers, poly_cols=min(cfg.exp2_poly_cols, cfg.block_kv),
       sum_in_pv=cfg.sum_in_pv, lazy_rescale=cfg.lazy_rescale,
-      q_regs_cols=register_q_cols(cfg, hp=hp, interpret=interpret,
+      q_regs_cols=operands.register_q_cols(cfg, hp=hp, interpret=interpret,
                                   masked=not spec.is_trivial or has_kv_len or q_seg is not None))
   has_meta = st.any_mask and not computed
   varying = frozenset().union(*(vma(x) for x in (q, k, v)))
