@@ -22,8 +22,8 @@ def q_operands(q_smem, reg_cols: int):
   64 rows per warpgroup) removes a third to a half of the step's SMEM reads; at H = 256 only
   part of Q fits next to O's 128 registers, hence a column split (multiples of 64: one swizzle
   row). H200 (session 14): +4% at H = 64, nothing at H = 128 / 256. Compiled, the unmasked
-  loop gave wrong outputs with as many keys per block as the head dim (``operands.register_q_cols``
-  keeps Q in SMEM there).
+  loop gave wrong outputs with as many keys per block as the head dim (``register_q_cols``
+  below keeps Q in SMEM there).
   """
   h = q_smem.shape[-1]
   reg_cols = min(reg_cols, h)
