@@ -65,10 +65,9 @@ def test_lowering_changes_only_the_dq_kernel():
   assert shapes(after["dq"]) == {"m64n128k16": 24}
 
 
-@pytest.mark.parametrize("case", [
-    H.Case(t=300, s=260, n=2, kh=2, h=128, seed=441),
-    H.Case(t=200, s=300, n=4, kh=2, h=128, causal=True, seed=442)], ids=lambda c: c.id)
-def test_interpret_mode(case):
+def test_interpret_mode():
+  # One small case (CI time): GQA 2:1, causal, a partial last key block of the 128-key steps.
+  case = H.Case(t=130, s=257, n=2, kh=1, h=128, causal=True, seed=442)
   H.check_mosaic_default_with(case, **FORM)
 
 
