@@ -155,7 +155,7 @@ def _split_refs(refs, st: Statics, has_meta: bool):
 def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = "",
                 num_ctas: int = 0, grid_tiles: tuple[int, int, int] = (0, 0, 0),
                 self_fed: bool = False, main_tiles: int = 0,
-                tail: stream_tail.Tail | None = None):
+                tail: stream_tail.Tail | None = None, fold_tiles: int = 0):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, dq_acc], dk, dv[, dq_parts], smem,
   barriers.
 
@@ -214,6 +214,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
         meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks,
         loader=0 if self_fed else COMPUTE_WGS)
+  kv_batch = batch
+  if fold_tiles:
+    # (Config.bwd_fold_batch) K, V, dK, dV are [1, B * S] and ``tile`` runs over every batch's
+    # tiles: the consumers index them by ``tile`` alone, and only the producer's Q / dO fetch
+    # derives the batch. With a batch index live across their loop, ptxas scheduled the
+    # consumer's step loop differently (NOTES, session 42).
+    kv_batch, batch = 0, lax.div(tile, fold_tiles)
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   per_head = hi - lo                      # Q blocks visited for each head of the group
   tile_steps = st.groups * per_head       # ring steps of one tile
@@ -518,13 +525,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
           self_fetch(i)
     if not persist:
       k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
-      plgpu.copy_gmem_to_smem(k_ref.at[batch, tile_keys(tile), kv_head], k_smem,
+      plgpu.copy_gmem_to_smem(k_ref.at[kv_batch, tile_keys(tile), kv_head], k_smem,
                               kv_ready.at[3 * wg])
-      plgpu.copy_gmem_to_smem(v_ref.at[batch, tile_keys(tile), kv_head], v_smem,
+      plgpu.copy_gmem_to_smem(v_ref.at[kv_batch, tile_keys(tile), kv_head], v_smem,
                               kv_ready.at[3 * wg + 1])
       plgpu.barrier_wait(kv_ready.at[3 * wg])
       plgpu.barrier_wait(kv_ready.at[3 * wg + 1])
-      consume(batch, kv_head, tile, k_smem, v_smem, 0)
+      consume(kv_batch, kv_head, tile, k_smem, v_smem, 0)
       st.wait_stores()
       return
 

@@ -342,6 +342,11 @@ class Config:
       waited by the next step, so the tensor cores get the next S^T and dP^T while it
       finishes) compile without C7512, which serialises every wgmma at 240. Not with the
       persistent, fused-dQ or split forms or ``named_free`` (ignored there). Off until timed.
+    bwd_fold_batch: the unmasked grid dK/dV kernel sees K, V, dK and dV as one [1, B * S]
+      sequence, its tile axis running over every batch's K/V tiles, so only its producer (the
+      Q / dO fetch) derives the batch. Its consumers' step loop is then the one ptxas builds
+      for a single sequence (NOTES, session 42: the loop depends on the batch, not the length).
+      Same results bitwise. Not with masks, persistent, split, self-fed or stream-K forms.
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels are laid out
       (tiles, heads, batch) instead of (heads, tiles, batch). Mosaic GPU launches the last
       grid axis fastest, so the default launches batch, then tiles, then heads (one head's
@@ -406,6 +411,7 @@ class Config:
   bwd_masked_halves: bool = False
   bwd_free_first: bool = False
   bwd_self_fed: bool = False
+  bwd_fold_batch: bool = False
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False
   bwd_persistent: bool = False

@@ -187,7 +187,8 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
     dq, dk, dv = _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq,
                            st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
                            split=split, seq_major=cfg.seq_major, persistent=cfg.bwd_persistent,
-                           self_fed=cfg.bwd_self_fed, stream=cfg.bwd_stream_tail)
+                           self_fed=cfg.bwd_self_fed, stream=cfg.bwd_stream_tail,
+                           fold_batch=cfg.bwd_fold_batch)
   return dq, dk, dv, None, None, None
 
 
@@ -326,7 +327,7 @@ def _delta(do, out, dlse, block: int, interpret):
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
               st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
               split: bool = False, seq_major: bool = False, persistent: bool = False,
-              self_fed: bool = False, stream: bool = False):
+              self_fed: bool = False, stream: bool = False, fold_batch: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -380,8 +381,9 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
   axes = frozenset().union(*(vma(x) for x in base + segs))
 
   def call(name, kernel, scratch, grid, names, out_type, meta, extra_inputs=(), params=None,
-           rows_in=None, threads=kernels.COMPUTE_WGS + 1):
-    inputs = (base if rows_in is None else base[:4] + [rows_in]) + (
+           rows_in=None, threads=kernels.COMPUTE_WGS + 1, kv_in=None):
+    inputs = (base if rows_in is None else base[:4] + [rows_in])
+    inputs = (inputs if kv_in is None else inputs[:1] + list(kv_in) + inputs[3:]) + (
         [meta] if meta is not None else []) + segs
     if axes:
       inputs = match_vma(inputs, axes)
@@ -477,8 +479,22 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     if dkdv_stream:
       dkdv_kernel = functools.partial(dkdv_kernel, main_tiles=tail.rounds * tail.num_ctas,
                                       grid_tiles=(kh, kv_tiles, b))
+    # Config.bwd_fold_batch: K, V, dK, dV as one [1, B * S] sequence and the batch folded into
+    # the K/V tile axis, so that only the producer (its Q / dO fetch) needs the batch index.
+    fold = (fold_batch and b > 1 and kp.shape[1] % tile_keys == 0
+            and not (split or has_meta or persist or self_fed or seq_major or dkdv_stream))
+    kv_in = None
+    if fold:
+      rows_kv = kp.shape[1]
+      kv_in = [x.reshape(1, b * rows_kv, kh, hp) for x in (kp, vp)]
+      dkdv_out = [jax.ShapeDtypeStruct((1, b * rows_kv, kh, hp), x.dtype) for x in (k, v)]
+      dkdv_grid = tuple(_grid(kh, kv_tiles * b, 1, seq="kv_seq", seq_major=False).values())
+      dkdv_kernel = functools.partial(dkdv_kernel, fold_tiles=kv_tiles)
     dk, dv = call("dkdv", dkdv_kernel, dkdv_scratch, *dkdv_grid, tuple(dkdv_out), meta_dkdv,
-                  rows_in=rows_in, threads=kernels.COMPUTE_WGS + (0 if self_fed else 1))
+                  rows_in=rows_in, threads=kernels.COMPUTE_WGS + (0 if self_fed else 1),
+                  kv_in=kv_in)
+    if fold:
+      dk, dv = (x.reshape(b, rows_kv, kh, hp) for x in (dk, dv))
     if dkdv_stream:
       part = jax.ShapeDtypeStruct((tail.num_ctas, 2, tile_keys, hp), jnp.float32)
       dkp, dvp = call(
