@@ -216,10 +216,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         loader=0 if self_fed else COMPUTE_WGS)
   kv_batch = batch
   if fold_tiles:
-    # (Config.bwd_fold_batch) K, V, dK, dV are [1, B * S] and ``tile`` runs over every batch's
-    # tiles: the consumers index them by ``tile`` alone, and only the producer's Q / dO fetch
-    # derives the batch. With a batch index live across their loop, ptxas scheduled the
-    # consumer's step loop differently (NOTES, session 42).
+    # (Config.bwd_fold_batch) K, V, dK, dV are [1, B * S], ``tile`` runs over every batch's
+    # tiles, and only the producer's Q / dO fetch derives the batch.
     kv_batch, batch = 0, lax.div(tile, fold_tiles)
   bq, bkv, stages = st.block_q, st.block_kv, st.num_stages
   per_head = hi - lo                      # Q blocks visited for each head of the group

@@ -80,19 +80,13 @@ class Config:
       (1.69 -> 1.75 ms under Nsight Compute; fwd+bwd 1.0563 -> 1.0625 ms at 16x1024x16x128):
       off.
     bwd_dq_writer: the fused dQ (as ``bwd_fused_dq``, which it implies) with the dQ products on
-      the producer warpgroup instead of the consumers: each consumer stores its dS^T tile in a
-      double-buffered SMEM slot and signals a barrier; the producer, between refills of the
-      Q/dO ring, computes dQ_i = scale * dS_i K over the CTA's keys in 64-column chunks and
-      reduces them into the float32 accumulator with TMA. The consumers never meet (the
-      rendezvous is what made ``bwd_fused_dq`` slower) and wait for the producer only if it
-      falls two steps behind. Registers: the producer takes what the consumers leave of the
-      launch pool (40 at the default ``bwd_registers=232``, 56 at 224; it holds a [block_q, 64]
-      fp32 accumulator). Head dims 64 and 128 (padded). Not bitwise deterministic (the order of
-      the reductions varies). H200 (session 13): correct, but the dK/dV kernel 3.4x slower
-      (5.66 vs 1.68 ms at 4x4096x16x128): ptxas cannot give the producer's code the registers
-      its accumulator needs, ignores the setmaxnreg split (C7507) and serialises every wgmma of
-      the kernel (C7512), the consumers' included. Off; it needs a writer whose matmul fits
-      ~40 registers (or the consumers below ~216) before it can pay.
+      the producer warpgroup: each consumer hands its dS^T to a double-buffered SMEM slot and
+      the producer, between refills of the Q/dO ring, computes dQ_i = scale * dS_i K in
+      64-column chunks and TMA-reduces them into the float32 accumulator, so the consumers
+      never meet. Head dims 64 and 128 (padded); not bitwise deterministic. H200 (session 13):
+      correct, but the dK/dV kernel 3.4x slower: ptxas cannot give the producer the registers
+      its accumulator needs, ignores the setmaxnreg split (C7507) and serialises every wgmma
+      (C7512). Off.
     bwd_dq_lag: the fused dQ (as ``bwd_fused_dq``, which it implies) without its per-step
       rendezvous: at step s each consumer hands its dS^T to a double-buffered slot (mbarriers
       ``ds_ready`` / ``ds_free``) and computes its half of dQ for step s - 1, whose dS^T tiles

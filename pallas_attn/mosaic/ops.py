@@ -479,13 +479,11 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     if dkdv_stream:
       dkdv_kernel = functools.partial(dkdv_kernel, main_tiles=tail.rounds * tail.num_ctas,
                                       grid_tiles=(kh, kv_tiles, b))
-    # Config.bwd_fold_batch: K, V, dK, dV as one [1, B * S] sequence and the batch folded into
-    # the K/V tile axis, so that only the producer (its Q / dO fetch) needs the batch index.
+    # Config.bwd_fold_batch: K, V, dK, dV as one [1, B * S] sequence, the batch in the tile axis
     fold = (fold_batch and b > 1 and kp.shape[1] % tile_keys == 0
             and not (split or has_meta or persist or self_fed or seq_major or dkdv_stream))
-    kv_in = None
+    kv_in, rows_kv = None, kp.shape[1]
     if fold:
-      rows_kv = kp.shape[1]
       kv_in = [x.reshape(1, b * rows_kv, kh, hp) for x in (kp, vp)]
       dkdv_out = [jax.ShapeDtypeStruct((1, b * rows_kv, kh, hp), x.dtype) for x in (k, v)]
       dkdv_grid = tuple(_grid(kh, kv_tiles * b, 1, seq="kv_seq", seq_major=False).values())
