@@ -339,8 +339,10 @@ class Config:
     bwd_fold_batch: the unmasked grid dK/dV kernel sees K, V, dK and dV as one [1, B * S]
       sequence, its tile axis running over every batch's K/V tiles, so only its producer (the
       Q / dO fetch) derives the batch. Its consumers' step loop is then the one ptxas builds
-      for a single sequence (NOTES, session 42: the loop depends on the batch, not the length).
-      Same results bitwise. Not with masks, persistent, split, self-fed or stream-K forms.
+      for a single sequence (offline SASS), yet no faster: H100 (session 45), with 232
+      registers, fwd+bwd 0.997-0.999 of the default's time at 4x4096, 2x8192 and 8x2048
+      x16x128, bitwise the same results. Off. Not with masks, persistent, split, self-fed or
+      stream-K forms.
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels are laid out
       (tiles, heads, batch) instead of (heads, tiles, batch). Mosaic GPU launches the last
       grid axis fastest, so the default launches batch, then tiles, then heads (one head's
