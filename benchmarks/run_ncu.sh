@@ -5,7 +5,7 @@
 #                               attn_dkdv_pt attn_dkdv_240 attn_dkdv_pt240 attn_fwd_h64 attn_fwd_h256
 #                               attn_fwd_h128 attn_fp8 attn_fp8_preg cudnn_bwd cudnn_fwd
 #                               cudnn_fwd_h256 attn_dkdv_16k attn_dkdv_16k_causal
-#                               attn_dkdv_16k_232 attn_dkdv_232]
+#                               attn_dkdv_16k_232 attn_dkdv_232 attn_dkdv_pers]
 OUT="${OUT:-/tmp/ncu_out}"; mkdir -p "$OUT"; cd "$(dirname "$0")/.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu=$NCU"; $NCU --version | tail -1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD
@@ -26,6 +26,8 @@ for p in "${@:-w4_m1 w4_m16 attn_dkdv attn_dq}"; do
     attn_dkdv_16k_232) prof attn_dkdv_16k_232 flash_attention_dkdv attention --b 1 --t 16384 \
         --fields bwd_registers=232 ;;
     attn_dkdv_232) prof attn_dkdv_232 flash_attention_dkdv attention --fields bwd_registers=232 ;;
+    attn_dkdv_pers) prof attn_dkdv_pers flash_attention_dkdv attention \
+        --fields bwd_persistent=True ;;
     attn_dq) prof attn_dq flash_attention_dq attention ;;
     attn_fwd_h64) prof attn_fwd_h64 flash_attention_fwd attention --heads 32 --head-dim 64 ;;
     attn_fwd_h256) prof attn_fwd_h256 flash_attention_fwd attention --heads 8 --head-dim 256 ;;
