@@ -2,9 +2,10 @@
 tile axis (K, V, dK, dV seen as one [1, B * S] sequence; only the producer derives the batch).
 
 Offline SASS (4x4096x16x128, 232 registers, session 45): the consumers' step loop is then the
-one ptxas builds for a single sequence (1x16384), which Nsight Compute measured 13% faster per
-unit of work than the batch >= 2 loop (session 42). The arithmetic is the same, so gradients
-are bitwise the unfolded kernel's; checked here in interpret mode and compiled."""
+one ptxas builds for a single sequence (1x16384), which Nsight Compute had measured 13% faster
+per unit of work than the batch >= 2 loop (session 42); timed, the fold tied the default
+(H100, session 45), so the gap belonged to the row, not the loop. The arithmetic is the same,
+so gradients are bitwise the unfolded kernel's; checked here in interpret mode and compiled."""
 import dataclasses
 
 import jax
