@@ -70,6 +70,9 @@ def points(payload: dict, *, sms: int) -> list[Point]:
   """Every unmasked fwd+bwd row's (dQ, dK/dV) points."""
   if payload.get("mode") != "fwdbwd":
     raise ValueError("cta_cost reads fwd+bwd tables (paired.py --mode fwdbwd)")
+  if payload.get("variant"):     # both sides launch our kernels: their times would mix
+    raise ValueError("cta_cost reads tables against another library (paired.py without "
+                     "--against)")
   out = []
   for row in payload["rows"]:
     if row["causal"]:
@@ -97,7 +100,7 @@ def fit(pts: list[Point]) -> tuple[float, float]:
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("tables", nargs="+", help="paired.py JSON files (fwd+bwd, peer cuDNN or not)")
+  ap.add_argument("tables", nargs="+", help="paired.py JSON files (fwd+bwd, no --against)")
   ap.add_argument("--sms", type=int, default=132, help="SMs of the card (H100 / H200: 132)")
   args = ap.parse_args()
   pts = [p for path in args.tables for p in points(json.load(open(path)), sms=args.sms)]

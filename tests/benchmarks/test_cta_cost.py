@@ -42,6 +42,8 @@ def test_session_45_table():
     assert b == pytest.approx(step_us, rel=0.03)
 
 
-def test_refuses_forward_tables():
+def test_refuses_tables_it_cannot_read():
   with pytest.raises(ValueError, match="fwd\\+bwd"):
     cta_cost.points({"mode": "fwd", "rows": []}, sms=132)
+  with pytest.raises(ValueError, match="--against"):      # ours on both sides
+    cta_cost.points({"mode": "fwdbwd", "variant": "fold232", "rows": []}, sms=132)
