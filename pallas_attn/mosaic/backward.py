@@ -43,6 +43,7 @@ from pallas_attn.mosaic.kernels import (COMPUTE_WGS, LOG2E, Statics, produce, sl
                                         tile_ranges)
 from pallas_attn.mosaic.persistent import (_decode_tile, persistent_consumer_loop,
                                            persistent_tile_count)
+from pallas_attn.mosaic.ring import consumer_turns
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _TILED_F32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
@@ -287,6 +288,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     shape = (bkv, bq)
     half_shape = (bkv, bq // 2)
     defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
+    turns = st.turns and not st.any_mask and not dq_sink and not self_fed and span is None
     # Masked 128-query steps as two 64-query halves (``Config.bwd_masked_halves``); not with
     # the fused dQ (one dS^T a step), the deferred wait or P^T through SMEM.
     halves = (st.masked_halves and bq == 128 and st.any_mask and not dq_sink and not defer
@@ -405,8 +407,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         centred = early == "lse_pre+delta_acc"
         if centred:
           dp_acc[...] = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
+        if turns:
+          begin, end = consumer_turns(wg, n * per_head_ + pos(i), st.groups * per_head_ - 1)
+          begin()
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
+        if turns:
+          end()
         if not defer and half != 1:
           refill(step_no)             # (self-fed) while this step's S^T and dP^T run
         # "lse": read while S^T is in flight. After the wait, the FFMA of s * c - lse stalled

@@ -275,17 +275,23 @@ class Config:
       14-18% below their 4x4096 efficiency (short CTAs). H100 (session 28): 16x1024 full
       fwd+bwd -3.4% (dK/dV -3.5%, dQ -6%), 8x2048 even, 4x4096 +3% (both kernels slower):
       ``default_config`` takes it for unmasked rows up to ``PERSISTENT_BWD_KEYS`` keys. With
-      its tiles numbered tiles-first (session 38) still slower at 4x4096 / 2x8192 (H100,
-      session 39: dK/dV 1.68-1.69 against the grid's 1.51 ms; that kernel's time follows its
-      work, not its waves, so there is no last wave to win back).
+      its tiles numbered tiles-first (session 38) still slower at 4x4096 / 2x8192: fwd+bwd
+      +1.3% / +2.0% (H100, session 46; Nsight Compute: the tile-boundary code it saves comes
+      back as its consumers' waits for Q / dO).
     exit_read_only: every attention kernel (forward, dQ, dK/dV; compiled) ends by waiting until
       its last TMA stores have read shared memory (``cp.async.bulk.wait_group.read``) instead
       of until their writes have landed: the CTA leaves, and the next one starts on its SM,
       one global-write latency earlier. The writes still complete before the next kernel
       reads them (the kernel boundary), as CUTLASS's ``tma_store_wait`` and tokamax's sm90
       kernels rely on. Matters where CTAs are short and many (16x1024: ~2048 CTAs a kernel,
-      ~15 waves). H100 (session 28): within 0.2% at 16x1024x16x128 (fwd+bwd 1.0653 -> 1.0641
-      ms full, 0.7420 -> 0.7416 causal): off.
+      ~15 waves). H100: within 0.2% at 16x1024x16x128 (session 28) and 0.1% at 4x4096 /
+      2x8192 full (session 46), fwd+bwd: off.
+    bwd_turns: the two consumers of the compiled dQ and dK/dV kernels issue their step's first
+      two products (S, dP; S^T, dP^T) in turn on a pair of hardware barriers, as the forward's
+      ping-pong does (FA3 Section 3.1), so that one consumer's softmax overlaps the other's
+      products instead of both waiting on the tensor cores at once. Unmasked calls without
+      the fused dQ or the self-fed ring (both consumers then take the same steps); the same
+      products in the same order, so the gradients are bitwise the default's. Off.
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -410,6 +416,7 @@ class Config:
   bwd_fold_batch: bool = False
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False
+  bwd_turns: bool = False
   bwd_persistent: bool = False
   seq_major: bool = False
   fp8_p_registers: bool = True

@@ -244,6 +244,7 @@ def _backward_statics(q, k, q_seg, kv_lengths, *, causal, scale, window, softcap
                 groups=q.shape[2] // k.shape[2], registers_pv=not interpret,
                 named_free=cfg.named_free and not interpret,
                 exit_read_only=cfg.exit_read_only and not interpret,
+                turns=cfg.bwd_turns and not interpret,
                 defer_wait=cfg.bwd_defer_wait and not interpret,
                 consumer_registers=cfg.bwd_registers,
                 pt_smem=cfg.bwd_pt_smem and not interpret, dq_writer=cfg.bwd_dq_writer,

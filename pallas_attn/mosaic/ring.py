@@ -41,6 +41,25 @@ def free_bar(consumers: int) -> int:
   return max(FREE_BAR, schedule_bar(consumers) + consumers)
 
 
+def consumer_turns(wg, local, last):
+  """``Config.bwd_turns``: ``(begin, end)`` to put around a backward consumer's issue of its
+  step's first two products (S and dP, or S^T and dP^T) at step ``local`` of ``last + 1``.
+  The two consumers then issue in turn (0, 1, 0, 1, ...), each waiting on its own hardware
+  barrier (``schedule_bar(2)`` + its index) for the other's previous issue, so that one
+  consumer's products reach the tensor cores ahead of the other's and its softmax can run while
+  the other's products do (FA3 Section 3.1's ping-pong, applied to the backward). Consumer 0
+  skips its first wait and consumer 1 its last signal: each barrier sees as many arrivals as
+  waits. Both consumers must visit the same number of steps (unmasked calls). Compiled only."""
+  first, threads = schedule_bar(COMPUTE_WGS), COMPUTE_WGS * WG_THREADS
+
+  def begin():
+    pl.when((wg == 1) | (local > 0))(lambda: named_barrier("sync", first + wg, threads))
+
+  def end():
+    pl.when((wg == 0) | (local < last))(lambda: named_barrier("arrive", first + 1 - wg, threads))
+  return begin, end
+
+
 def tile_ranges(meta_ref, meta_smem, meta_ready, *, wg, batch, tile, full: int,
                 producer: int = COMPUTE_WGS):
   """(lo, lo_full, hi_full, hi, kv_len) of this CTA: blocks [lo, hi) are visited, those in
