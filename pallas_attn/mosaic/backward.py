@@ -12,20 +12,17 @@ that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
   query head of the K/V head's group and every visible Q block, the Q and dO tiles and the L2 / D
   vectors. The group's heads are summed inside the CTA in a fixed order: GQA/MQA gradients are
   deterministic, no atomics.
-* Fused dQ (``Config.bwd_fused_dq`` / ``bwd_dq_writer`` / ``bwd_dq_lag``, FA3 Section 3.3;
-  ``fused_dq.py``): the dK/dV kernel alone, also adding scale * dS K into a float32 dQ
-  accumulator (TMA reductions, so the summation order over K/V tiles varies between runs); the
-  dQ kernel and its recomputation of S and dP are skipped. Measured slower than the two kernels
-  except the lag form on long unmasked rows (benchmarks/NOTES.md, session 15).
+* Fused dQ (``Config.bwd_fused_dq`` and its forms, FA3 Section 3.3; ``fused_dq.py``): the dK/dV
+  kernel alone, also TMA-reducing scale * dS K into a float32 dQ (summation order varies between
+  runs). Measured slower than the two kernels (benchmarks/NOTES.md, sessions 6-15, 39).
 
 Compiled, the consumers take ``Config.bwd_registers`` registers (232 with the producer at 40,
 or 240 with it at 24: the default on the H = 128 grid kernels) and keep their wgmmas in flight:
 S and dP are issued together and P is computed while dP runs, dV += P^T dO is issued before
 dS^T is formed (FA3 Section 3.3's overlap of the softmax with the matmuls).
 
-Interpret mode (no register wgmma operands, no ``run_state`` accumulators in JAX 0.11.2's
-interpreter) stages P^T / dS through shared memory and adds each block's product to a register
-accumulator; the compiled form keeps them in registers and accumulates in place.
+Interpret mode (no register wgmma operands or ``run_state`` accumulators in JAX 0.11.2's
+interpreter) stages P^T / dS through shared memory and adds each product to a register value.
 """
 from __future__ import annotations
 

@@ -74,11 +74,9 @@ class Config:
       ``bwd_registers`` (0: the same). The causal H = 64 dQ kernel with 128-key steps spills
       76 B at 232 (ptxas, offline) and none at 240, where the dK/dV kernel is 1-2% slower.
     bwd_pt_smem: compiled dK/dV kernel: dV += P^T dO takes P^T from shared memory (one 8 KiB
-      store per step and consumer) instead of registers, so its 16 registers a thread are free
-      while dS^T is formed (as a register operand they live until that wgmma retires). H200
-      (session 9): spill requests 29.7 M -> 21.1 M at 4x4096x16x128, but the kernel is slower
-      (1.69 -> 1.75 ms under Nsight Compute; fwd+bwd 1.0563 -> 1.0625 ms at 16x1024x16x128):
-      off.
+      store per step and consumer) instead of registers, freeing their 16 registers a thread
+      while dS^T is formed. H200 (session 9): fewer spill requests (29.7 M -> 21.1 M at
+      4x4096x16x128) but the kernel slower (1.69 -> 1.75 ms under Nsight Compute): off.
     bwd_dq_writer: the fused dQ (as ``bwd_fused_dq``, which it implies) with the dQ products on
       the producer warpgroup: each consumer hands its dS^T to a double-buffered SMEM slot and
       the producer, between refills of the Q/dO ring, computes dQ_i = scale * dS_i K in
@@ -88,19 +86,14 @@ class Config:
       its accumulator needs, ignores the setmaxnreg split (C7507) and serialises every wgmma
       (C7512). Off.
     bwd_dq_lag: the fused dQ (as ``bwd_fused_dq``, which it implies) without its per-step
-      rendezvous: at step s each consumer hands its dS^T to a double-buffered slot (mbarriers
-      ``ds_ready`` / ``ds_free``) and computes its half of dQ for step s - 1, whose dS^T tiles
-      both consumers finished a step ago, so neither waits for the other unless it is a whole
-      step ahead, and the two drift out of lockstep (the session-6 rendezvous aligned their
-      non-matmul phases, leaving the tensor cores idle at once). The step's dK += dS^T Q is
-      issued behind the dQ wgmmas and runs while the fp32 partial is stored and TMA-reduced.
-      Not bitwise deterministic (reduction order), so off by default. H200 (session 15), with
-      ``named_free=True, bwd_registers=240``: fwd+bwd 3.603 -> 3.498 ms at 4x4096x16x128 full
-      (0.898 -> 0.925x cuDNN), the fastest backward measured there; at T = 1024 and on causal
-      rows 1-10% slower than the two kernels. At 232 registers it spills 268 bytes and is
-      27-40% slower: use it with 240. H100 (session 39, 4x4096x16x128 full): its one kernel
-      2.570 ms against the two kernels' 2.587, but fwd+bwd 4.4% slower (3.550 against 3.401
-      ms): D, the float32 accumulator's zeros and its conversion cost 162 us outside it.
+      rendezvous: at step s each consumer hands its dS^T to a double-buffered slot and computes
+      its half of dQ for step s - 1, so neither waits for the other unless it is a whole step
+      ahead; dK += dS^T Q runs while the fp32 partial is stored and TMA-reduced. Not bitwise
+      deterministic (reduction order): off. H200 (session 15, ``named_free``, 240 registers;
+      at 232 it spills and is 27-40% slower): fwd+bwd 3.603 -> 3.498 ms at 4x4096x16x128
+      full, 1-10% slower at T = 1024 and causal. H100 (session 39): its one kernel 2.570 ms
+      against the two kernels' 2.587, but fwd+bwd 4.4% slower (D, the float32 accumulator's
+      zeros and its conversion: 162 us outside it).
     bwd_split_dkdv: head dims whose dK/dV tiles do not fit one consumer (H = 256): the two
       consumers of a dK/dV CTA share its keys and split the work by role (``backward_split.py``:
       one computes S^T, P^T and dV, the other dP^T, dS^T and dK, P^T handed over in float16),
