@@ -405,7 +405,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         if centred:
           dp_acc[...] = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
         if turns:
-          begin, end = consumer_turns(wg, n * per_head_ + pos(i), st.groups * per_head_ - 1)
+          begin, end = consumer_turns(wg, step_no, (my_tiles if persist else 1) * tile_steps - 1)
           begin()
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))

@@ -200,7 +200,8 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
         if st.dq_delta_acc:   # before S's issue: after it, ptxas would wait for S (C7517)
           dp_acc[...] = lax.broadcast_in_dim(-delta, shape, [0])
         if turns:             # (Config.bwd_turns) end() once dP is issued too
-          begin, end = consumer_turns(wg, j - lo_, hi_ - lo_ - 1)
+          begin, end = consumer_turns(wg, base + j - lo_,
+                                      (my_tiles if persist else 1) * tile_steps - 1)
           begin()
         plgpu.wgmma(s_acc, q_op, k_smem.at[slot].transpose((1, 0)))
         if st.dq_serial:

@@ -49,7 +49,10 @@ def consumer_turns(wg, local, last):
   consumer's products reach the tensor cores ahead of the other's and its softmax can run while
   the other's products do (FA3 Section 3.1's ping-pong, applied to the backward). Consumer 0
   skips its first wait and consumer 1 its last signal: each barrier sees as many arrivals as
-  waits. Both consumers must visit the same number of steps (unmasked calls). Compiled only."""
+  waits. ``local`` counts the CTA's steps across its tiles (persistent forms): restarting it
+  per tile would let consumer 0 signal twice in a row at a tile boundary, which a hardware
+  barrier counts as both consumers' arrival. Both consumers must visit the same steps
+  (unmasked calls). Compiled only."""
   first, threads = schedule_bar(COMPUTE_WGS), COMPUTE_WGS * WG_THREADS
 
   def begin():
