@@ -285,7 +285,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     shape = (bkv, bq)
     half_shape = (bkv, bq // 2)
     defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
-    turns = st.turns and not st.any_mask and not dq_sink and not self_fed and span is None
+    # (Config.bwd_turns) the unmasked grid kernel: both consumers take the tile's every step
+    turns = st.turns and not st.any_mask and not dq_sink and not self_fed and not persist
     # Masked 128-query steps as two 64-query halves (``Config.bwd_masked_halves``); not with
     # the fused dQ (one dS^T a step), the deferred wait or P^T through SMEM.
     halves = (st.masked_halves and bq == 128 and st.any_mask and not dq_sink and not defer
@@ -405,7 +406,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         if centred:
           dp_acc[...] = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
         if turns:
-          begin, end = consumer_turns(wg, step_no, (my_tiles if persist else 1) * tile_steps - 1)
+          begin, end = consumer_turns(wg, step_no, tile_steps - 1)
           begin()
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))

@@ -22,7 +22,6 @@ from pallas_attn.mosaic.persistent import (_decode_tile, persistent_consumer_loo
 from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, heavy_first_tile, kv_fetcher,
                                         produce, produce_rings, slot_releases, split_kv_fetchers,
                                         tile_ranges)
-from pallas_attn.mosaic.ring import consumer_turns
 
 
 def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
@@ -137,7 +136,6 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       plgpu.barrier_wait(q_ready.at[3 * COMPUTE_WGS + wg])
       q_seg = plgpu.load(qseg_smem2.at[wg], layout=row_layout)
     shape = (bq, bkv)
-    turns = st.turns and not st.any_mask and not st.dq_serial and span is None
 
     def mask_of(j, masked: bool):
       if not masked:
@@ -199,10 +197,6 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       def scores(s_acc, dp_acc):
         if st.dq_delta_acc:   # before S's issue: after it, ptxas would wait for S (C7517)
           dp_acc[...] = lax.broadcast_in_dim(-delta, shape, [0])
-        if turns:             # (Config.bwd_turns) end() once dP is issued too
-          begin, end = consumer_turns(wg, base + j - lo_,
-                                      (my_tiles if persist else 1) * tile_steps - 1)
-          begin()
         plgpu.wgmma(s_acc, q_op, k_smem.at[slot].transpose((1, 0)))
         if st.dq_serial:
           # S's accumulator is read (and P computed) before dP's is in flight.
@@ -217,8 +211,6 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
         if split_rings:
           plgpu.barrier_wait(v_ready.at[v_slot])
         plgpu.wgmma(dp_acc, do_op, v_smem.at[v_slot].transpose((1, 0)))
-        if turns:
-          end()
         s = plgpu.wgmma_accumulator_load(s_acc, wait_n=1)
         if st.defer_wait:     # the previous step's dQ wgmma (older than S) is done too
           pl.when(j > lo_)(lambda: release_k(lax.rem(j - 1 - lo_, stages)))

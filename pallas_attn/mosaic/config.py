@@ -279,12 +279,11 @@ class Config:
       kernels rely on. Matters where CTAs are short and many (16x1024: ~2048 CTAs a kernel,
       ~15 waves). H100: within 0.2% at 16x1024x16x128 (session 28) and 0.1% at 4x4096 /
       2x8192 full (session 46), fwd+bwd: off.
-    bwd_turns: the two consumers of the compiled dQ and dK/dV kernels issue their step's first
-      two products (S, dP; S^T, dP^T) in turn on a pair of hardware barriers, as the forward's
-      ping-pong does (FA3 Section 3.1), so that one consumer's softmax overlaps the other's
-      products instead of both waiting on the tensor cores at once. Unmasked calls without
-      the fused dQ or the self-fed ring (both consumers then take the same steps); the same
-      products in the same order, so the gradients are bitwise the default's. Off.
+    bwd_turns: the two consumers of the compiled grid dK/dV kernel issue each step's S^T and
+      dP^T in turn on a pair of hardware barriers, as the forward's ping-pong does (FA3
+      Section 3.1), so one consumer's softmax overlaps the other's products. Unmasked calls
+      without the fused dQ or the self-fed ring (both consumers then take the same steps);
+      bitwise the same gradients. Default at H = 128 (``default_config``; measured there).
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -660,10 +659,8 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   #   32x512x32x64 (64-wide steps before) 0.697 / 0.691 -> 0.680 / 0.682 (1.00-1.01 -> 1.02x,
   #   gradients bitwise the same). The halves at 232 registers: 2.52-2.54 ms at 4x4096, slower
   #   than without them (H100, session 35).
-  # - windowed calls (64-wide steps before): the same dK/dV form with 64-key dQ steps (128-key
-  #   ones spill 208 B in the dQ kernel, offline): 1x16384x32x64 window (1024, 0) 1.716 ->
-  #   1.575 ms (0.90 -> 0.98x cuDNN; with 128-key dQ steps 1.592), 4x4096 window (512, 0)
-  #   1.009 -> 0.992 with 128-key dQ steps (H100, session 35).
+  # - windowed calls: the same dK/dV form with 64-key dQ steps (128-key ones spill 208 B):
+  #   1x16384x32x64 window (1024, 0) 1.716 -> 1.575 ms (0.90 -> 0.98x cuDNN; H100, session 35).
   # - causal with key masks (no window) keeps session 33's form, the pair without halves from
   #   1024 keys: with them 1.0-1.1% slower at 4x4096x32x64 with kv_lengths (2.507 / 2.494 ->
   #   2.521 / 2.520, both orders; session 35); under 1024 keys 64-wide steps (the pair alone
@@ -683,6 +680,11 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # 4.8 us), at 16x1024 3.5% slower: from 4096 keys. (1x16384x16x128 keeps three consumers on
   # the grid: two persistent with the tail cut measured 3.0700 / 3.0806 against 3.0887.)
   tail = not masked and seq_k >= 4096 and hp in (64, 128)
+  # The grid dK/dV kernel's consumers issue S^T / dP^T in turn (bwd_turns; H100, session 46,
+  # paired, both orders, bitwise): its kernel 1.674 -> 1.659 / 1.641 -> 1.625 ms at
+  # 4x4096x16x128 full, -0.3 / -0.4% at 1x16384; the dQ kernel +0.2-1.3% and the persistent
+  # dK/dV kernel +2% with the same turns, H = 64 +3%: unmasked H = 128 grid rows only.
+  turns = hp == 128 and not masked and not bwd_persistent
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 stream_tail=tail,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,
@@ -697,4 +699,4 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
                 lazy_rescale=8.0 if wide and masked else 0.0, bwd_early_stats=early_stats,
                 bwd_dkdv_block_q=128 if h64_wide else 0,
                 bwd_dq_block_kv=128 if h64_wide and not windowed else 64,
-                bwd_masked_halves=halves)
+                bwd_masked_halves=halves, bwd_turns=turns)

@@ -42,17 +42,16 @@ def free_bar(consumers: int) -> int:
 
 
 def consumer_turns(wg, local, last):
-  """``Config.bwd_turns``: ``(begin, end)`` to put around a backward consumer's issue of its
-  step's first two products (S and dP, or S^T and dP^T) at step ``local`` of ``last + 1``.
+  """``Config.bwd_turns``: ``(begin, end)`` to put around a dK/dV consumer's issue of its
+  step's first two products (S^T and dP^T) at step ``local`` of ``last + 1``.
   The two consumers then issue in turn (0, 1, 0, 1, ...), each waiting on its own hardware
   barrier (``schedule_bar(2)`` + its index) for the other's previous issue, so that one
   consumer's products reach the tensor cores ahead of the other's and its softmax can run while
   the other's products do (FA3 Section 3.1's ping-pong, applied to the backward). Consumer 0
   skips its first wait and consumer 1 its last signal: each barrier sees as many arrivals as
-  waits. ``local`` counts the CTA's steps across its tiles (persistent forms): restarting it
-  per tile would let consumer 0 signal twice in a row at a tile boundary, which a hardware
-  barrier counts as both consumers' arrival. Both consumers must visit the same steps
-  (unmasked calls). Compiled only."""
+  waits. Both consumers must visit the same steps (unmasked calls). A CTA looping over tiles
+  would have to count ``local`` across them: restarted per tile, consumer 0 could signal twice
+  in a row, which a hardware barrier counts as both consumers' arrival. Compiled only."""
   first, threads = schedule_bar(COMPUTE_WGS), COMPUTE_WGS * WG_THREADS
 
   def begin():
