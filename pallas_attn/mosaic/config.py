@@ -283,7 +283,7 @@ class Config:
       dP^T in turn on a pair of hardware barriers, as the forward's ping-pong does (FA3
       Section 3.1), so one consumer's softmax overlaps the other's products. Unmasked calls
       without the fused dQ or the self-fed ring (both consumers then take the same steps);
-      bitwise the same gradients. Default at H = 128 (``default_config``; measured there).
+      bitwise the same gradients. Default on unmasked H = 128 rows from 4096 keys.
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
@@ -683,8 +683,9 @@ def default_config(*, head_dim: int, seq_k: int, masked: bool = False,
   # The grid dK/dV kernel's consumers issue S^T / dP^T in turn (bwd_turns; H100, session 46,
   # paired, both orders, bitwise): its kernel 1.674 -> 1.659 / 1.641 -> 1.625 ms at
   # 4x4096x16x128 full, -0.3 / -0.4% at 1x16384; the dQ kernel +0.2-1.3% and the persistent
-  # dK/dV kernel +2% with the same turns, H = 64 +3%: unmasked H = 128 grid rows only.
-  turns = hp == 128 and not masked and not bwd_persistent
+  # dK/dV kernel +2% with the same turns, H = 64 +3%: unmasked H = 128 grid rows only, from
+  # 4096 keys (2048, also the grid, was not timed with it).
+  turns = hp == 128 and not masked and seq_k >= 4096
   return Config(block_q=64, block_kv=block_kv, num_stages=2, backward="mosaic",
                 stream_tail=tail,
                 bwd_delta_in_dq=not wide, bwd_persistent=bwd_persistent,

@@ -1,7 +1,7 @@
 """``Config.bwd_turns``: the two consumers of the grid dK/dV kernel issue each step's S^T and
 dP^T in turn, on a pair of hardware barriers (``ring.consumer_turns``), as the forward's
-ping-pong does. The default for unmasked H = 128 rows on the grid kernel (H100, session 46:
-that kernel ~1% faster at 4096 keys; the same turns slowed the dQ kernel, the persistent dK/dV
+ping-pong does. The default for unmasked H = 128 rows from 4096 keys (H100, session 46: that
+kernel ~1% faster at 4096 keys; the same turns slowed the dQ kernel, the persistent dK/dV
 kernel and H = 64, so they are not served there).
 
 Compiled only (the interpreter cannot run ``bar.sync``): checked here on the kernels' MLIR
@@ -46,6 +46,7 @@ def test_default_only_on_unmasked_h128_grid_rows():
   assert default_config(head_dim=128, seq_k=16384, batch=1).bwd_turns
   assert not default_config(head_dim=128, seq_k=4096, masked=True).bwd_turns
   assert not default_config(head_dim=128, seq_k=1024).bwd_turns      # persistent dK/dV
+  assert not default_config(head_dim=128, seq_k=2048).bwd_turns      # grid, not timed
   assert not default_config(head_dim=64, seq_k=4096).bwd_turns
   assert not default_config(head_dim=256, seq_k=4096).bwd_turns
 
