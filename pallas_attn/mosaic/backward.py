@@ -285,7 +285,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     shape = (bkv, bq)
     half_shape = (bkv, bq // 2)
     defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
-    # (Config.bwd_turns) the unmasked grid kernel: both consumers take the tile's every step
+    # (Config.bwd_turns) the unmasked grid kernel, where both consumers take every step
     turns = st.turns and not st.any_mask and not dq_sink and not self_fed and not persist
     # Masked 128-query steps as two 64-query halves (``Config.bwd_masked_halves``); not with
     # the fused dQ (one dS^T a step), the deferred wait or P^T through SMEM.

@@ -113,7 +113,7 @@ class Statics:
   dq_delta_acc: bool = False    # dQ kernel (compiled): dP's accumulator starts from -D
   delta_in_dq: bool = False     # dQ kernel: D = rowsum(dO * O) for its rows, written with lse
   exit_read_only: bool = False  # compiled: the final TMA-store wait is for SMEM reads only
-  turns: bool = False           # backward (compiled, unmasked): consumers issue S, dP in turn
+  turns: bool = False           # grid dK/dV (compiled, unmasked): S^T, dP^T issued in turn
 
   def wait_stores(self) -> None:
     """The kernel's last wait for its TMA stores (``Config.exit_read_only``)."""

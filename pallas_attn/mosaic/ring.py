@@ -49,9 +49,10 @@ def consumer_turns(wg, local, last):
   consumer's products reach the tensor cores ahead of the other's and its softmax can run while
   the other's products do (FA3 Section 3.1's ping-pong, applied to the backward). Consumer 0
   skips its first wait and consumer 1 its last signal: each barrier sees as many arrivals as
-  waits. Both consumers must visit the same steps (unmasked calls). A CTA looping over tiles
-  would have to count ``local`` across them: restarted per tile, consumer 0 could signal twice
-  in a row, which a hardware barrier counts as both consumers' arrival. Compiled only."""
+  waits. Both consumers must visit the same steps (they share the CTA's Q blocks). A CTA
+  looping over tiles would have to count ``local`` across them: restarted per tile, consumer 0
+  could signal twice in a row, which a hardware barrier counts as both consumers' arrival.
+  Compiled only."""
   first, threads = schedule_bar(COMPUTE_WGS), COMPUTE_WGS * WG_THREADS
 
   def begin():

@@ -5,9 +5,9 @@ kernel ~1% faster at 4096 keys; the same turns slowed the dQ kernel, the persist
 kernel and H = 64, so they are not served there).
 
 Compiled only (the interpreter cannot run ``bar.sync``): checked here on the kernels' MLIR
-lowered for sm90 on the CPU host (one wait and one signal in the dK/dV kernel, none for masked
-calls, where the two consumers may take different steps), and compiled on the GPU, where the
-gradients must be bitwise those without turns (same products, same order)."""
+lowered for sm90 on the CPU host (one wait and one signal in the dK/dV kernel; none for masked
+calls, which it does not serve: untimed there), and compiled on the GPU, where the gradients
+must be bitwise those without turns (same products, same order)."""
 import dataclasses
 import re
 
