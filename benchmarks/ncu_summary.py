@@ -12,6 +12,10 @@ mbarriers) with the consumers whose stalls cost time, and the all-samples view m
 the lines by how many times each was executed: a loop body's lines share one count (e.g.
 consumer warps x CTAs x steps), so each role's loop is one group, with its own stall reasons;
 ``--count N`` then restricts the whole summary to the lines executed N times.
+
+``--compare A B`` sets two profiles of the same work side by side (e.g. two forms of one
+kernel): samples and executions per opcode, the largest differences in samples first.
+Samples are taken at a fixed rate per SM, so their totals follow each kernel's time.
 """
 from __future__ import annotations
 
@@ -44,6 +48,29 @@ def groups(path: str, top: int = 8) -> list[tuple[int, int, int, list[tuple[str,
   return [(n, lines[n], samp, stalls[n].most_common(4)) for n, samp in samples.most_common(top)]
 
 
+def _opcode(src: str, modifiers: bool = False) -> str:
+  """A SASS line's opcode without its predicate (and without its .modifiers unless asked)."""
+  op = re.sub(r"^@!?U?P\w+\s+", "", src).split(" ")[0]
+  return op if modifiers else op.split(".")[0]
+
+
+def compare(path_a: str, path_b: str, top: int = 15) -> list[tuple[str, int, int, int, int]]:
+  """(opcode, samples in A, samples in B, executed in A, executed in B), the ``top`` opcodes
+  whose samples differ most (B - A, either sign), largest first."""
+  per = []
+  for path in (path_a, path_b):
+    data, col, _, as_int = _read(path)
+    samp, exe = collections.Counter(), collections.Counter()
+    for r in data:
+      op = _opcode(r[col["Source"]].strip())
+      samp[op] += as_int(r, "Warp Stall Sampling (All Samples)")
+      exe[op] += as_int(r, "Instructions Executed")
+    per.append((samp, exe))
+  (sa, ea), (sb, eb) = per
+  ops = sorted(set(sa) | set(sb), key=lambda o: (-abs(sb[o] - sa[o]), o))[:top]
+  return [(o, sa[o], sb[o], ea[o], eb[o]) for o in ops]
+
+
 def summarise(path: str, top: int = 25, count: int | None = None) -> None:
   data, col, stall_cols, as_int = _read(path)
   if count is not None:
@@ -52,7 +79,7 @@ def summarise(path: str, top: int = 25, count: int | None = None) -> None:
   stalls, lines = collections.Counter(), []
   for r in data:
     src = r[col["Source"]].strip()
-    op = re.sub(r"^@!?U?P\w+\s+", "", src).split(" ")[0]       # opcode without its predicate
+    op = _opcode(src, modifiers=True)
     n_exec, n_samp = as_int(r, "Instructions Executed"), as_int(r, "Warp Stall Sampling (All Samples)")
     executed[op] += n_exec
     sampled[op] += n_samp
@@ -81,7 +108,18 @@ def main() -> int:
   ap.add_argument("--groups", action="store_true",
                   help="the lines grouped by execution count (one group per role's loop)")
   ap.add_argument("--count", type=int, help="summarise only the lines executed this many times")
+  ap.add_argument("--compare", action="store_true",
+                  help="two profiles side by side: samples and executions per opcode")
   args = ap.parse_args()
+  if args.compare:
+    if len(args.paths) != 2:
+      ap.error("--compare takes exactly two paths")
+    print(f"A = {args.paths[0]}\nB = {args.paths[1]}")
+    print(f"  {'opcode':22s} {'samples A':>10s} {'samples B':>10s} {'B - A':>8s} "
+          f"{'executed A':>12s} {'executed B':>12s}")
+    for op, sa, sb, ea, eb in compare(*args.paths, top=args.top):
+      print(f"  {op:22s} {sa:10d} {sb:10d} {sb - sa:+8d} {ea:12d} {eb:12d}")
+    return 0
   for path in args.paths:
     if args.groups:
       total = max(1, sum(g[2] for g in groups(path, top=10 ** 6)))

@@ -55,3 +55,26 @@ def test_session30_dkdv_profile_consumer_loop():
   assert n0 == 8 * 2048 * 64 and w0[0][0] == "short_sb"       # consumers
   assert n1 == 4 * 2048 * 62 and w1[0][0] == "long_sb"        # producer on its ring's barriers
   assert s0 > s1
+
+
+def test_compare_orders_opcodes_by_sample_difference(tmp_path):
+  a = _export(tmp_path, [["0x0", "@!P1 BRA 0x10", 50, 4, 50, 0, 0],
+                         ["0x10", "MUFU.EX2 R1, R2", 20, 8, 0, 20, 0]])
+  (tmp_path / "b").mkdir()
+  b = _export(tmp_path / "b", [["0x0", "@!P1 NANOSLEEP.SYNCS 0x989680", 45, 9, 45, 0, 0],
+                               ["0x10", "MUFU.EX2 R1, R2", 22, 8, 0, 22, 0],
+                               ["0x20", "BRA 0x0", 1, 4, 0, 0, 1]])
+  got = N.compare(a, b)
+  assert got[0] == ("BRA", 50, 1, 4, 4)                   # the predicate is not the opcode
+  assert got[1] == ("NANOSLEEP", 0, 45, 0, 9)
+  assert got[2] == ("MUFU", 20, 22, 8, 8)
+
+
+def test_session46_persistent_against_grid_dkdv():
+  base = ROOT / "benchmarks/results/attention/s46/ncu"
+  got = {op: (sa, sb) for op, sa, sb, _, _ in N.compare(str(base / "attn_dkdv.sass.csv.gz"),
+                                                        str(base / "attn_dkdv_pers.sass.csv.gz"),
+                                                        top=40)}
+  # The persistent kernel's waits sleep (NANOSLEEP) where the grid's spin on a branch.
+  assert got["NANOSLEEP"][1] > 10 * got["NANOSLEEP"][0]
+  assert got["BRA"][0] > 5 * got["BRA"][1]
