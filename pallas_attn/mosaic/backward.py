@@ -285,12 +285,13 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
     shape = (bkv, bq)
     half_shape = (bkv, bq // 2)
     defer = st.defer_wait and not dq_sink and not persist   # (the fused dQ waits for all)
-    # (Config.bwd_turns) the unmasked grid kernel, where both consumers take every step
-    turns = st.turns and not st.any_mask and not dq_sink and not self_fed and not persist
     # Masked 128-query steps as two 64-query halves (``Config.bwd_masked_halves``); not with
     # the fused dQ (one dS^T a step), the deferred wait or P^T through SMEM.
     halves = (st.masked_halves and bq == 128 and st.any_mask and not dq_sink and not defer
               and not (st.registers_pv and st.pt_smem))
+    # (Config.bwd_turns) the grid kernel: both consumers take the CTA's steps, masked or not,
+    # in the same order (one turn a step, so not with the halves' two S^T issues a step)
+    turns = st.turns and not halves and not dq_sink and not self_fed and not persist
     kv_seg = kv_seg_half = None
     if st.has_segments:
       plgpu.copy_gmem_to_smem(kv_seg_ref.at[batch, keys], kvseg_smem2.at[wg],

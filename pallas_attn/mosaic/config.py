@@ -281,9 +281,9 @@ class Config:
       2x8192 full (session 46), fwd+bwd: off.
     bwd_turns: the two consumers of the compiled grid dK/dV kernel issue each step's S^T and
       dP^T in turn on a pair of hardware barriers, as the forward's ping-pong does (FA3
-      Section 3.1), so one consumer's softmax overlaps the other's products. Unmasked calls
-      (masked ones untimed) without the fused dQ or the self-fed ring; bitwise the same
-      gradients. Default on unmasked H = 128 rows from 4096 keys.
+      Section 3.1), so one consumer's softmax overlaps the other's products. Not with the
+      fused dQ, the self-fed ring or ``bwd_masked_halves``; bitwise the same gradients.
+      Default on unmasked H = 128 rows from 4096 keys (masked calls: opt-in, untimed).
     bwd_dkdv_regs: the compiled dK/dV kernel's consumer holds its K ("k"), V ("v") or both
       ("kv") tiles in registers as the A operand of S^T = K Q^T / dP^T = V dO^T: 16 KB less of
       SMEM reads per step and tile (at H = 128), 32 registers a thread each next to dK and dV's
