@@ -153,7 +153,8 @@ def _split_refs(refs, st: Statics, has_meta: bool):
 def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: str = "",
                 num_ctas: int = 0, grid_tiles: tuple[int, int, int] = (0, 0, 0),
                 self_fed: bool = False, main_tiles: int = 0,
-                tail: stream_tail.Tail | None = None, fold_tiles: int = 0):
+                tail: stream_tail.Tail | None = None, fold_tiles: int = 0, coords=None,
+                before_loads=None):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, dq_acc], dk, dv[, dq_parts], smem,
   barriers.
 
@@ -183,6 +184,9 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   tiles, each CTA its one or two parts (Q blocks [lo, hi) of every head of the group), and
   writes float32 partials (dK already scaled) to ``dk`` / ``dv`` [num_ctas, 2, keys, H]
   instead of dK, dV; ``stream_tail.merge_sum`` adds them in query order.
+
+  ``coords`` = (batch, K/V head, K/V tile) replaces the grid's indices and the producer runs
+  ``before_loads()`` before its first load (the joint launch, ``backward_joint.py``).
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
@@ -211,7 +215,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   else:
     batch, kv_head, tile, wg, (lo, lo_full, hi_full, hi, kv_len) = dkdv_cta(
         meta_ref, meta_smem, meta_ready, num_q_blocks=num_q_blocks,
-        loader=0 if self_fed else COMPUTE_WGS)
+        loader=0 if self_fed else COMPUTE_WGS, coords=coords)
   kv_batch = batch
   if fold_tiles:
     # (Config.bwd_fold_batch) K, V, dK, dV are [1, B * S], ``tile`` runs over every batch's
@@ -576,6 +580,8 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
   @pl.when((wg == COMPUTE_WGS) & live)
   def _producer():
     plgpu.set_max_registers(producer_registers(st), action="decrease")
+    if before_loads is not None:
+      before_loads()
     locate = None
     if persist and tail is not None:
       # Ring step -> (batch, K/V head, step within the part, its first Q block, its blocks).
@@ -611,12 +617,14 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
 # Shared pieces
 # ----------------------------------------------------------------------------------------------
 
-def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int, loader: int = COMPUTE_WGS):
+def dkdv_cta(meta_ref, meta_smem, meta_ready, *, num_q_blocks: int, loader: int = COMPUTE_WGS,
+             coords=None):
   """(batch, K/V head, K/V tile, warpgroup, (lo, lo_full, hi_full, hi, kv_len)) of a dK/dV
-  CTA on the (heads, kv_seq, batch) grid: its Q blocks [lo, hi) per group head. ``loader``:
-  the warpgroup that loads the CTA's record (the producer; consumer 0 when self-fed)."""
-  batch, kv_head, tile = (lax.axis_index("batch"), lax.axis_index("heads"),
-                          lax.axis_index("kv_seq"))
+  CTA on the (heads, kv_seq, batch) grid (or at ``coords``): its Q blocks [lo, hi) per group
+  head. ``loader``: the warpgroup that loads the CTA's record (the producer; consumer 0 when
+  self-fed)."""
+  batch, kv_head, tile = coords or (lax.axis_index("batch"), lax.axis_index("heads"),
+                                    lax.axis_index("kv_seq"))
   wg = lax.axis_index("wg")
   ranges = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg, batch=batch, tile=tile,
                        full=num_q_blocks, producer=loader)

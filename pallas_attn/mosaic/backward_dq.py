@@ -26,7 +26,7 @@ from pallas_attn.mosaic.kernels import (COMPUTE_WGS, Statics, heavy_first_tile, 
 
 def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
               grid_tiles: tuple[int, int, int] = (0, 0, 0), main_tiles: int = 0,
-              tail: stream_tail.Tail | None = None):
+              tail: stream_tail.Tail | None = None, coords=None, on_done=None):
   """refs: q, k, v, do, rows[, meta][, q_seg, kv_seg][, o], dq[, rows_out], smem, barriers.
 
   ``rows`` is [B, N, 2, T] float32: L2 and D side by side, one TMA per tile. With
@@ -43,6 +43,9 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
   after the other (the persistent form's second buffers do not fit next to O's at H = 128),
   writing float32 partials (already scaled) to ``dq`` [num_ctas, 2, rows, H] and the tiles'
   finished L2 / D records to ``rows_out`` (every part of a tile writes the same values).
+
+  ``coords`` = (batch, head, Q tile) replaces the grid's indices and ``on_done()`` runs in
+  each consumer after its stores have completed (the joint launch, ``backward_joint.py``).
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
@@ -68,11 +71,12 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
     lo, lo_full, hi_full, hi = 0, 0, st.num_kv_blocks, st.num_kv_blocks
     my_tiles = persistent_tile_count(cta, num_ctas, grid_tiles)
   else:
-    batch, head = lax.axis_index("batch"), lax.axis_index("heads")
+    batch, head, raw = coords or (lax.axis_index("batch"), lax.axis_index("heads"),
+                                  lax.axis_index("q_seq"))
     # Heaviest Q tiles first under causal-like masks (without it they ran last: ~6% of the
     # kernel in a list-scheduling model of 2048 CTAs on 132 SMs).
     n_tiles = -(-q_ref.shape[1] // (COMPUTE_WGS * bq))     # Q may end inside its last tile
-    tile = heavy_first_tile(lax.axis_index("q_seq"), n_tiles=n_tiles, st=st)
+    tile = heavy_first_tile(raw, n_tiles=n_tiles, st=st)
     lo, lo_full, hi_full, hi, kv_len = tile_ranges(meta_ref, meta_smem, meta_ready, wg=wg,
                                                    batch=batch, tile=tile,
                                                    full=st.num_kv_blocks)
@@ -269,6 +273,8 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
       load_q(batch, head, tile, 0)
       consume(batch, head, tile, 0, 0)
       st.wait_stores()
+      if on_done is not None:
+        on_done()
       return
     persistent_consumer_loop(                # (consume waits for its own loads)
         cta=cta, num_ctas=num_ctas, my_tiles=my_tiles,

@@ -341,6 +341,11 @@ class Config:
       registers, fwd+bwd 0.997-0.999 of the default's time at 4x4096, 2x8192 and 8x2048
       x16x128, bitwise the same results. Off. Not with masks, persistent, split, self-fed or
       stream-K forms.
+    bwd_joint: the dQ and dK/dV grid kernels in one launch, dQ CTAs first, each dK/dV CTA
+      waiting on a GMEM semaphore for its heads' D records (``backward_joint.py``), so the
+      dK/dV CTAs fill the SMs the dQ kernel's last partial wave leaves idle. Unmasked calls
+      with D in the dQ kernel and neither persistent, stream-K, fold nor self-fed forms;
+      bitwise the two launches' gradients. Off until timed.
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels are laid out
       (tiles, heads, batch) instead of (heads, tiles, batch). Mosaic GPU launches the last
       grid axis fastest, so the default launches batch, then tiles, then heads (one head's
@@ -406,6 +411,7 @@ class Config:
   bwd_free_first: bool = False
   bwd_self_fed: bool = False
   bwd_fold_batch: bool = False
+  bwd_joint: bool = False
   bwd_delta_in_dq: bool = False
   exit_read_only: bool = False
   bwd_turns: bool = False

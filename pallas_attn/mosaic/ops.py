@@ -23,8 +23,8 @@ from jax.experimental.pallas import triton as plgpu_triton
 from pallas_attn import masks
 from pallas_attn.fp8_layout import kernel_v_operand
 from pallas_attn.vma import match_vma, out_struct, vma
-from pallas_attn.mosaic import (autotune, backward, backward_dq, backward_split, kernels,
-                                operands, stream_merge, stream_tail)
+from pallas_attn.mosaic import (autotune, backward, backward_dq, backward_joint, backward_split,
+                                kernels, operands, stream_merge, stream_tail)
 from pallas_attn.mosaic.backward_split import split_smem_bytes
 from pallas_attn.mosaic.config import Config, default_config, padded_head_dim
 from pallas_attn.mosaic.fused_dq import dq_width, visited_parts
@@ -188,7 +188,7 @@ def _attention_bwd(causal, scale, window, softcap, cfg, head_dim_padded, interpr
                            st_dkdv, hp=head_dim_padded, interpret=interpret, fused_dq=fused,
                            split=split, seq_major=cfg.seq_major, persistent=cfg.bwd_persistent,
                            self_fed=cfg.bwd_self_fed, stream=cfg.bwd_stream_tail,
-                           fold_batch=cfg.bwd_fold_batch)
+                           fold_batch=cfg.bwd_fold_batch, joint=cfg.bwd_joint)
   return dq, dk, dv, None, None, None
 
 
@@ -328,7 +328,8 @@ def _delta(do, out, dlse, block: int, interpret):
 def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: kernels.Statics,
               st_dkdv: kernels.Statics, *, hp: int, interpret, fused_dq: bool = False,
               split: bool = False, seq_major: bool = False, persistent: bool = False,
-              self_fed: bool = False, stream: bool = False, fold_batch: bool = False):
+              self_fed: bool = False, stream: bool = False, fold_batch: bool = False,
+              joint: bool = False):
   """dQ, dK, dV with the Mosaic GPU kernels of ``backward.py``: the dQ kernel and the dK/dV
   kernel, or (``fused_dq``) the dK/dV kernel alone, adding dS K into a zeroed float32
   accumulator (compiled: a mutable ref the kernel reduces into with TMA; interpret mode: one
@@ -423,7 +424,25 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
                                                 has_meta=has_meta)
   else:
     dkdv_kernel = functools.partial(backward.dkdv_kernel, **dkdv_kw)
-  if not fused_dq:
+  # Config.bwd_joint (backward_joint.py): both kernels' grid forms in one launch, unmasked.
+  joint = (joint and delta_in_dq and not (fused_dq or split or has_meta or st_dq.has_segments
+                                          or persist or self_fed or stream or fold_batch
+                                          or seq_major or persistent or st_dq.defer_wait))
+  if joint:
+    q_tiles = tq // dq_rows
+    kernel = functools.partial(
+        backward_joint.joint_kernel, st_dq=st_dq, st_dkdv=st_dkdv, heads=n, kv_heads=kh,
+        q_tiles=q_tiles, kv_tiles=kv_tiles, batch=b, num_q_blocks=tq // bq,
+        dq_scratch=backward_dq.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=False),
+        dkdv_scratch=dkdv_scratch, interpret=bool(interpret))
+    dq, _, dk, dv = call(
+        "bwd", kernel, () if interpret else (plgpu.SemaphoreType.REGULAR((b * kh,)),),
+        ((n * q_tiles + kh * kv_tiles) * b,), ("cta",),
+        (jax.ShapeDtypeStruct((b, qp.shape[1], n, hp), q.dtype),
+         jax.ShapeDtypeStruct(rows.shape, jnp.float32), *dkdv_out), None,
+        extra_inputs=match_vma([outp], axes) if axes else [outp],
+        params=dq_compiler_params(st_dq))
+  elif not fused_dq:
     dq_grid = tuple(_grid(n, tq // dq_rows, b, seq="q_seq",
                           seq_major=seq_major).values())
     dq_kw = dict(st=st_dq, has_meta=has_meta)

@@ -1,0 +1,95 @@
+"""The backward's two kernels in one launch (``Config.bwd_joint``): the dQ CTAs, then the dK/dV
+CTAs, on a one-dimensional grid.
+
+Why: the dQ kernel pays for its last partial wave. At 4x4096x16x128 its 2048 CTAs make 15.5
+waves on 132 SMs, and the dQ kernel's time follows its waves, not its work (H100, session 39:
+the same time at 31.0 and 32 waves), so 64 SMs idle through the sixteenth, ~36 us of a
+~3.7 ms fwd+bwd. In one launch the dK/dV CTAs start on those SMs as soon as they free up.
+
+The dependency: each dK/dV CTA reads D = rowsum(dO * O) - dlse of its K/V head's query heads,
+which the dQ CTAs compute (``Config.bwd_delta_in_dq``) and store with L2 in the ``rows``
+record. A GMEM semaphore per (batch, K/V head) counts the dQ consumers whose record has
+landed; the dK/dV producer waits for all ``groups * q_tiles * 2`` of them before its first
+load. The dQ CTAs come first in the grid, and CTAs start in grid order, so every dQ CTA has an
+SM before any dK/dV CTA waits: no deadlock. With the default order (batch fastest, then tile,
+then head) a dK/dV CTA's heads were finished waves before it starts, so it does not wait in
+practice.
+
+Memory order: a dQ consumer's record is a TMA store (async proxy). After the kernel's final
+wait for its stores, ``fence.proxy.async.global`` orders it before the semaphore's release
+add; the dK/dV producer's wait ends with an acquire fence, and another proxy fence orders that
+before its TMA loads of the record.
+
+Unmasked calls only (no metadata, segment ids or kv_lengths), the grid forms of both kernels
+(not persistent, stream-tail, fused-dQ, split or self-fed); ``ops._backward`` checks. The
+gradients are bitwise those of the two launches (the same kernel bodies).
+"""
+from __future__ import annotations
+
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_attn.mosaic import backward, backward_dq
+from pallas_attn.mosaic.kernels import COMPUTE_WGS, Statics
+
+
+def _proxy_fence():
+  """``fence.proxy.async.global``: order TMA (async proxy) global accesses against this
+  thread's generic ones (the semaphore's atomics). Compiled only."""
+  @plgpu.inline_mgpu()
+  def _fence(_):
+    mgpu_utils.inline_ptx("fence.proxy.async.global;", has_side_effects=True)
+  _fence()
+
+
+def decode(flat, *, heads: int, tiles: int, batch: int):
+  """(batch, head, tile) of CTA ``flat`` in the two-launch grids' start order: batch fastest,
+  then tile, then head (``ops._grid``)."""
+  return lax.rem(flat, batch), lax.div(flat, batch * tiles), lax.rem(lax.div(flat, batch), tiles)
+
+
+def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref, dk_ref,
+                 dv_ref, *sems, st_dq: Statics, st_dkdv: Statics, heads: int,
+                 kv_heads: int, q_tiles: int, kv_tiles: int, batch: int, num_q_blocks: int,
+                 dq_scratch, dkdv_scratch, interpret: bool = False):
+  """refs: q, k, v, do, rows (L2 and -dlse), o, then the outputs dq, rows_out (L2 and D),
+  dk, dv, then compiled ``ready_sems`` [batch * kv_heads] (GMEM semaphores, zero at launch).
+  CTAs [0, n_dq) run ``backward_dq.dq_kernel``, the rest ``backward.dkdv_kernel``, each in its
+  own scoped scratch (the kernel's SMEM is the larger of the two). ``interpret``: no
+  semaphores (the interpreter has none zeroed, and runs the CTAs in grid order anyway)."""
+  ready_sems = None if interpret else sems[0]
+  cta = lax.axis_index("cta")
+  n_dq = heads * q_tiles * batch
+  groups = heads // kv_heads
+  signals = groups * q_tiles * COMPUTE_WGS          # dQ consumers per (batch, K/V head)
+
+  @pl.when(cta < n_dq)
+  def _dq():
+    b, head, tile = decode(cta, heads=heads, tiles=q_tiles, batch=batch)
+
+    def done():                  # this consumer's D record has landed (its stores waited for)
+      _proxy_fence()
+      plgpu.semaphore_signal(ready_sems.at[b * kv_heads + lax.div(head, groups)],
+                             memory_scope="gpu")
+
+    pl.run_scoped(lambda smem, bars: backward_dq.dq_kernel(
+        q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref, smem, bars,
+        st=st_dq, has_meta=False, coords=(b, head, tile),
+        on_done=None if interpret else done), *dq_scratch,
+        collective_axes="wg")
+
+  @pl.when(cta >= n_dq)
+  def _dkdv():
+    b, kv_head, tile = decode(cta - n_dq, heads=kv_heads, tiles=kv_tiles, batch=batch)
+
+    def ready():                 # every dQ consumer of this K/V head's group has signalled
+      plgpu.semaphore_wait(ready_sems.at[b * kv_heads + kv_head], signals, decrement=False,
+                           memory_scope="gpu")
+      _proxy_fence()
+
+    pl.run_scoped(lambda smem, bars: backward.dkdv_kernel(
+        q_ref, k_ref, v_ref, do_ref, rows_out_ref, dk_ref, dv_ref, smem, bars, st=st_dkdv,
+        has_meta=False, num_q_blocks=num_q_blocks, coords=(b, kv_head, tile),
+        before_loads=None if interpret else ready), *dkdv_scratch, collective_axes="wg")

@@ -1,0 +1,94 @@
+"""``Config.bwd_joint``: the dQ and dK/dV grid kernels in one launch (``backward_joint.py``),
+dQ CTAs first, each dK/dV CTA waiting on a GMEM semaphore for its heads' D records, so that
+the dK/dV CTAs fill the SMs the dQ kernel's last partial wave leaves idle.
+
+The kernel bodies are the two launches' own, so the gradients must be bitwise theirs: checked
+in interpret mode (no semaphores there: the interpreter runs the CTAs in grid order) and
+compiled, where the semaphores and the proxy fences are exercised."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_attn import flash_attention
+from pallas_attn.mosaic import Config, default_config
+
+JOINT = dict(bwd_joint=True)
+
+
+def _grid_config(head_dim, **kw):
+  """The row's default with the grid (not persistent) backward, the joint launch's form; short
+  rows like these take the persistent one by default."""
+  return dataclasses.replace(default_config(head_dim=head_dim, **kw), bwd_persistent=False)
+
+
+def _inputs(b, t, s, n, kh, h, seed):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(keys[0], (b, t, n, h), jnp.bfloat16)
+  k, v = (jax.random.normal(kk, (b, s, kh, h), jnp.bfloat16) for kk in keys[1:])
+  return q, k, v
+
+
+def _loss(cfg, interpret, **kw):
+  return lambda q, k, v: flash_attention(q, k, v, implementation="mosaic", config=cfg,
+                                         interpret=interpret, **kw).astype(jnp.float32).sum()
+
+
+def _run(cfg, *, interpret, seed=471, kw=None, **shape):
+  f = _loss(cfg, interpret, **(kw or {}))
+  return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(*_inputs(seed=seed, **shape))
+
+
+def _kernels(cfg, *, kw=None, **shape):
+  """Names of the backward's Mosaic kernels in the traced gradient (interpret mode)."""
+  text = str(jax.make_jaxpr(jax.grad(_loss(cfg, True, **(kw or {})), argnums=(0, 1, 2)))(
+      *_inputs(seed=0, **shape)))
+  return {name for name in ("flash_attention_bwd", "flash_attention_dq", "flash_attention_dkdv")
+          if name in text}
+
+
+def _assert_same(a, b):
+  (val_a, grads_a), (val_b, grads_b) = a, b
+  np.testing.assert_array_equal(np.asarray(val_a), np.asarray(val_b))
+  for ga, gb in zip(grads_a, grads_b):
+    np.testing.assert_array_equal(np.asarray(ga), np.asarray(gb))
+
+
+def test_off_by_default():
+  assert Config().bwd_joint is False
+  assert not default_config(head_dim=128, seq_k=4096, batch=4).bwd_joint
+
+
+def test_one_launch_only_where_it_applies():
+  shape = dict(b=2, t=128, s=256, n=2, kh=1, h=64)
+  base = _grid_config(64, seq_k=256, batch=2)
+  assert _kernels(dataclasses.replace(base, **JOINT), **shape) == {"flash_attention_bwd"}
+  assert _kernels(base, **shape) == {"flash_attention_dq", "flash_attention_dkdv"}
+  # masked calls (per-CTA ranges) and the persistent backward keep the two launches
+  masked = dataclasses.replace(_grid_config(64, seq_k=256, batch=2, masked=True), **JOINT)
+  assert _kernels(masked, kw=dict(causal=True), **shape) == {"flash_attention_dq",
+                                                            "flash_attention_dkdv"}
+  persistent = dataclasses.replace(base, bwd_persistent=True, **JOINT)
+  assert "flash_attention_bwd" not in _kernels(persistent, **shape)
+
+
+def test_interpret_bitwise():
+  # GQA 2:1, three sequences, more keys than queries (dQ and dK/dV tiles differ in number)
+  shape = dict(b=3, t=128, s=256, n=2, kh=1, h=64)
+  base = _grid_config(64, seq_k=256, batch=3)
+  _assert_same(_run(dataclasses.replace(base, **JOINT), interpret=True, **shape),
+               _run(base, interpret=True, **shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [dict(b=4, t=2048, s=2048, n=4, kh=2, h=128),
+                                   dict(b=1, t=1024, s=3072, n=8, kh=8, h=64),
+                                   dict(b=2, t=4096, s=4096, n=16, kh=16, h=128)])
+def test_compiled_bitwise(shape):
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs the GPU")
+  base = _grid_config(shape["h"], seq_k=shape["s"], batch=shape["b"])
+  _assert_same(_run(dataclasses.replace(base, **JOINT), interpret=False, **shape),
+               _run(base, interpret=False, **shape))
