@@ -69,7 +69,8 @@ def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_
   def _dq():
     b, head, tile = decode(cta, heads=heads, tiles=q_tiles, batch=batch)
 
-    def done():                  # this consumer's D record has landed (its stores waited for)
+    def done():                  # this consumer's D record has landed
+      plgpu.wait_smem_to_gmem(0, wait_read_only=False)    # (whatever Config.exit_read_only)
       _proxy_fence()
       plgpu.semaphore_signal(ready_sems.at[b * kv_heads + lax.div(head, groups)],
                              memory_scope="gpu")
