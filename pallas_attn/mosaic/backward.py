@@ -5,24 +5,18 @@ that see nothing, so their P is 0), with D = rowsum(dO * O) - dlse precomputed:
   P = 2^(S2 - L2),  dP = dO V^T,  dS = P * (dP - D) * (1 - t^2 if softcap),
   dQ = scale * dS K,  dK = scale * dS^T Q,  dV = P^T dO.
 
-* dQ kernel (``backward_dq.py``): a CTA = two consumer warpgroups (``block_q`` query rows
-  each) + one producer that streams the K/V blocks the tile can see through a TMA ring (as the
-  forward does).
-* dK/dV kernel: a CTA = two consumers (``block_kv`` keys each) + a producer that streams, for every
-  query head of the K/V head's group and every visible Q block, the Q and dO tiles and the L2 / D
-  vectors. The group's heads are summed inside the CTA in a fixed order: GQA/MQA gradients are
-  deterministic, no atomics.
-* Fused dQ (``Config.bwd_fused_dq`` and its forms, FA3 Section 3.3; ``fused_dq.py``): the dK/dV
-  kernel alone, also TMA-reducing scale * dS K into a float32 dQ (summation order varies between
-  runs). Measured slower than the two kernels (benchmarks/NOTES.md, sessions 6-15, 39).
+* dQ kernel (``backward_dq.py``): two consumer warpgroups (``block_q`` query rows each) and a
+  producer streaming the K/V blocks the tile can see through a TMA ring (as the forward).
+* dK/dV kernel: two consumers (``block_kv`` keys each) and a producer streaming, for every query
+  head of the K/V head's group and every visible Q block, Q, dO and the L2 / D vectors. The
+  group's heads are summed in a fixed order: deterministic GQA/MQA gradients, no atomics.
+* Fused dQ (``fused_dq.py``, FA3 Section 3.3) and the joint launch of both kernels
+  (``backward_joint.py``): see there.
 
-Compiled, the consumers take ``Config.bwd_registers`` registers (232 with the producer at 40,
-or 240 with it at 24: the default on the H = 128 grid kernels) and keep their wgmmas in flight:
-S and dP are issued together and P is computed while dP runs, dV += P^T dO is issued before
-dS^T is formed (FA3 Section 3.3's overlap of the softmax with the matmuls).
-
-Interpret mode (no register wgmma operands or ``run_state`` accumulators in JAX 0.11.2's
-interpreter) stages P^T / dS through shared memory and adds each product to a register value.
+Compiled, the consumers take ``Config.bwd_registers`` registers and keep their wgmmas in
+flight: S and dP issued together, P computed while dP runs, dV += P^T dO issued before dS^T is
+formed (FA3 Section 3.3's overlap of the softmax with the matmuls). Interpret mode (no register
+wgmma operands in JAX 0.11.2's interpreter) stages P^T / dS through shared memory.
 """
 from __future__ import annotations
 
