@@ -1,5 +1,5 @@
 """The backward's two kernels in one launch (``Config.bwd_joint``): the dQ CTAs, then the dK/dV
-CTAs, on a one-dimensional grid.
+CTAs, launched in that order.
 
 Why: the dQ kernel pays for its last partial wave. At 4x4096x16x128 its 2048 CTAs make 15.5
 waves on 132 SMs, and the dQ kernel's time follows its waves, not its work (H100, session 39:
@@ -44,12 +44,6 @@ def _proxy_fence():
   _fence()
 
 
-def decode(flat, *, heads: int, tiles: int, batch: int):
-  """(batch, head, tile) of CTA ``flat`` in the two-launch grids' start order: batch fastest,
-  then tile, then head (``ops._grid``)."""
-  return lax.rem(flat, batch), lax.div(flat, batch * tiles), lax.rem(lax.div(flat, batch), tiles)
-
-
 def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref, dk_ref,
                  dv_ref, *sems, st_dq: Statics, st_dkdv: Statics, heads: int,
                  kv_heads: int, q_tiles: int, kv_tiles: int, batch: int, num_q_blocks: int,
@@ -60,14 +54,16 @@ def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_
   own scoped scratch (the kernel's SMEM is the larger of the two). ``interpret``: no
   semaphores (the interpreter has none zeroed, and runs the CTAs in grid order anyway)."""
   ready_sems = None if interpret else sems[0]
-  cta = lax.axis_index("cta")
-  n_dq = heads * q_tiles * batch
+  # The grid is (heads + kv_heads, max(q_tiles, kv_tiles), batch), launched batch fastest, then
+  # tile, then head (``ops._grid``): the dQ CTAs' heads first; with T != S the surplus tiles
+  # of one kind exit at once.
+  b, row, tile = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("seq")
   groups = heads // kv_heads
   signals = groups * q_tiles * COMPUTE_WGS          # dQ consumers per (batch, K/V head)
 
-  @pl.when(cta < n_dq)
+  @pl.when((row < heads) & (tile < q_tiles))
   def _dq():
-    b, head, tile = decode(cta, heads=heads, tiles=q_tiles, batch=batch)
+    head = row
 
     def done():                  # this consumer's D record has landed
       plgpu.wait_smem_to_gmem(0, wait_read_only=False)    # (whatever Config.exit_read_only)
@@ -81,9 +77,9 @@ def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_
         on_done=None if interpret else done), *dq_scratch,
         collective_axes="wg")
 
-  @pl.when(cta >= n_dq)
+  @pl.when((row >= heads) & (tile < kv_tiles))
   def _dkdv():
-    b, kv_head, tile = decode(cta - n_dq, heads=kv_heads, tiles=kv_tiles, batch=batch)
+    kv_head = row - heads
 
     def ready():                 # every dQ consumer of this K/V head's group has signalled
       plgpu.semaphore_wait(ready_sems.at[b * kv_heads + kv_head], signals, decrement=False,
