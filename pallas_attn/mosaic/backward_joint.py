@@ -26,6 +26,7 @@ gradients are bitwise those of the two launches (the same kernel bodies).
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -44,16 +45,47 @@ def _proxy_fence():
   _fence()
 
 
+def _signal_range(sems, first, count: int):
+  """Adds 1 to semaphores ``first .. first + count - 1`` of ``sems``: one thread of the
+  warpgroup, after a warpgroup barrier and one release fence (``semaphore_signal_parallel``
+  fences and syncs the warpgroup once per semaphore). Compiled only."""
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT))
+  def _signal(_, sems_ref, first_arr):
+    base = mgpu_utils.memref_ptr(sems_ref)
+    start = first_arr.registers.item()
+    mgpu_utils.warpgroup_barrier()
+    one = mgpu_utils.single_thread_predicate(mgpu_utils.ThreadSubset.WARPGROUP)
+    mgpu_utils.inline_ptx("fence.acq_rel.gpu;", has_side_effects=True)
+    for t in range(count):
+      mgpu_utils.inline_ptx(
+          "{ .reg .u64 a; mul.wide.u32 a, $1, 4; add.u64 a, $0, a; "
+          f"@$2 red.relaxed.gpu.global.add.u32 [a+{4 * t}], 1; }}",
+          base, start, one, has_side_effects=True)
+  _signal(sems, jnp.asarray(first, jnp.int32))
+
+
 def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref, dk_ref,
-                 dv_ref, *sems, st_dq: Statics, st_dkdv: Statics, heads: int,
+                 dv_ref, *, st_dq: Statics, st_dkdv: Statics, heads: int,
                  kv_heads: int, q_tiles: int, kv_tiles: int, batch: int, num_q_blocks: int,
                  dq_scratch, dkdv_scratch, interpret: bool = False):
   """refs: q, k, v, do, rows (L2 and -dlse), o, then the outputs dq, rows_out (L2 and D),
-  dk, dv, then compiled ``ready_sems`` [batch * kv_heads] (GMEM semaphores, zero at launch).
+  dk, dv. Compiled, ``ready_sems`` [batch * kv_heads] are GMEM semaphores shared by all CTAs.
   CTAs [0, n_dq) run ``backward_dq.dq_kernel``, the rest ``backward.dkdv_kernel``, each in its
   own scoped scratch (the kernel's SMEM is the larger of the two). ``interpret``: no
   semaphores (the interpreter has none zeroed, and runs the CTAs in grid order anyway)."""
-  ready_sems = None if interpret else sems[0]
+  kw = dict(locals())
+  if interpret:
+    _joint(None, **kw)
+    return
+  # One semaphore per dK/dV CTA, shared by all CTAs (``get_global``; kernel scratch would give
+  # each CTA its own copy). Each dK/dV CTA takes its count back to zero (decrement), so the
+  # semaphores start at zero on every launch whether or not Pallas zeroes them.
+  _joint(pl.get_global(plgpu.SemaphoreType.REGULAR((batch * kv_heads * kv_tiles,))), **kw)
+
+
+def _joint(ready_sems, *, q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref,
+           dk_ref, dv_ref, st_dq, st_dkdv, heads, kv_heads, q_tiles, kv_tiles, batch,
+           num_q_blocks, dq_scratch, dkdv_scratch, interpret):
   # The grid is (heads + kv_heads, max(q_tiles, kv_tiles), batch), launched batch fastest, then
   # tile, then head (``ops._grid``): the dQ CTAs' heads first; with T != S the surplus tiles
   # of one kind exit at once.
@@ -65,11 +97,10 @@ def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_
   def _dq():
     head = row
 
-    def done():                  # this consumer's D record has landed
+    def done():                  # this consumer's D record has landed: tell the group's CTAs
       plgpu.wait_smem_to_gmem(0, wait_read_only=False)    # (whatever Config.exit_read_only)
       _proxy_fence()
-      plgpu.semaphore_signal(ready_sems.at[b * kv_heads + lax.div(head, groups)],
-                             memory_scope="gpu")
+      _signal_range(ready_sems, (b * kv_heads + lax.div(head, groups)) * kv_tiles, kv_tiles)
 
     pl.run_scoped(lambda smem, bars: backward_dq.dq_kernel(
         q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref, smem, bars,
@@ -82,7 +113,7 @@ def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_
     kv_head = row - heads
 
     def ready():                 # every dQ consumer of this K/V head's group has signalled
-      plgpu.semaphore_wait(ready_sems.at[b * kv_heads + kv_head], signals, decrement=False,
+      plgpu.semaphore_wait(ready_sems.at[(b * kv_heads + kv_head) * kv_tiles + tile], signals,
                            memory_scope="gpu")
       _proxy_fence()
 

@@ -436,7 +436,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
         dq_scratch=backward_dq.dq_scratch(st=st_dq, head_dim=hp, dtype=q.dtype, has_meta=False),
         dkdv_scratch=dkdv_scratch, interpret=bool(interpret))
     dq, _, dk, dv = call(
-        "bwd", kernel, () if interpret else (plgpu.SemaphoreType.REGULAR((b * kh,)),),
+        "bwd", kernel, (),
         (n + kh, max(q_tiles, kv_tiles), b), ("heads", "seq", "batch"),
         (jax.ShapeDtypeStruct((b, qp.shape[1], n, hp), q.dtype),
          jax.ShapeDtypeStruct(rows.shape, jnp.float32), *dkdv_out), None,
