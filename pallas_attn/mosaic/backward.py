@@ -389,11 +389,11 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
       slot = lax.rem(step_no, stages)
       wait_inputs(slot)
       plgpu.barrier_wait(do_ready.at[slot])
-      # (bwd_turns) waiting before the accumulators are made, not between their zeros and the
-      # wgmma: 349 instructions a step instead of 366 and no spills (offline SASS, session 47)
+      # (bwd_turns) the wait stays between the accumulators' zeros and the wgmmas: moved
+      # before the zeros (349 instructions a step against 366, no spills) the dK/dV kernel was
+      # 1-2% slower (H100, session 47), the zeros and lse loads then following the wait.
       turn_begin, turn_end = (consumer_turns(wg, step_no, tile_steps - 1) if turns
                               else (lambda: None, lambda: None))
-      turn_begin()
 
       def scores(s_acc, dp_acc, half=None):
         """S^T, P^T, dV's issue, dP^T -> dS^T of the step, or of its query half ``half``."""
@@ -409,6 +409,7 @@ def dkdv_kernel(*refs, st: Statics, has_meta: bool, num_q_blocks: int, dq_sink: 
         centred = early == "lse_pre+delta_acc"
         if centred:
           dp_acc[...] = lax.broadcast_in_dim(-row_stat(slot, 1), shape, [1])
+        turn_begin()
         plgpu.wgmma(s_acc, k_op, q_op.transpose((1, 0)))
         plgpu.wgmma(dp_acc, v_op, do_op.transpose((1, 0)))
         turn_end()
