@@ -6,12 +6,14 @@ The kernel bodies are the two launches' own, so the gradients must be bitwise th
 in interpret mode (no semaphores there: the interpreter runs the CTAs in grid order) and
 compiled, where the semaphores and the proxy fences are exercised."""
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import mosaic_mlir
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config
 
@@ -80,6 +82,23 @@ def test_interpret_bitwise():
   base = _grid_config(64, seq_k=256, batch=3)
   _assert_same(_run(dataclasses.replace(base, **JOINT), interpret=True, **shape),
                _run(base, interpret=True, **shape))
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="compiled runs lower it for real")
+def test_lowered_semaphores_are_shared_and_counted():
+  """The compiled kernel (lowered for sm90 on the CPU host): one int32 semaphore per dK/dV
+  CTA shared by all CTAs (Pallas' kernel-scoped semaphores are per CTA, which hung the first
+  form), each dQ consumer adding 1 to its group's K/V tiles after a proxy fence, each dK/dV
+  producer waiting with a decrementing compare-and-swap. [1, 1024, 2, 128]: 8 K/V tiles."""
+  cfg = dataclasses.replace(_grid_config(128, seq_k=1024, batch=1), **JOINT)
+  low = mosaic_mlir.lower_attention(cfg, head_dim=128, grad=True, causal=False)
+  fwd, bwd = mosaic_mlir.kernel_texts(low)
+  assert bwd.count("red.relaxed.gpu.global.add.u32") == 8
+  assert bwd.count("atom.relaxed.gpu.global.cas") == 1
+  assert bwd.count("fence.proxy.async.global") == 2
+  calls = [line for line in low.as_text().splitlines() if "custom_call" in line]
+  assert [re.findall(r"tensor<\d+xi32>", c) for c in calls if "xi32>" in c] == [
+      ["tensor<16xi32>", "tensor<16xi32>"]]       # 1 batch x 2 heads x 8 tiles, in and out
 
 
 @pytest.mark.gpu
