@@ -566,6 +566,14 @@ def assert_bitwise(a: dict, b: dict, what: str, names=TENSORS) -> None:
   assert not bad, f"not bitwise equal ({what}):\n  " + "\n  ".join(bad)
 
 
+def assert_same_value_and_grads(a, b) -> None:
+  """Two ``jax.value_and_grad`` results (value, (dq, dk, dv)) equal bit for bit."""
+  (val_a, grads_a), (val_b, grads_b) = a, b
+  np.testing.assert_array_equal(np.asarray(val_a), np.asarray(val_b))
+  for ga, gb in zip(grads_a, grads_b, strict=True):
+    np.testing.assert_array_equal(np.asarray(ga), np.asarray(gb))
+
+
 def check_case(case: Case, implementation: str, **extra) -> dict:
   """Runs ``case`` on a backend, asserts dtypes/shapes and the ratio rule; returns the results."""
   x, hi, lo = case_data(case)

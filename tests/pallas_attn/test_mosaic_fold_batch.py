@@ -10,9 +10,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
+import harness as H
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import default_config
 
@@ -44,13 +44,6 @@ def _dkdv_shapes(cfg, *, b, t, s, n, kh, h, **kw):
   return "dkdv" in text, f"bf16[1,{b * s},{kh},{h}]" in text
 
 
-def _assert_same(a, b):
-  (val_a, grads_a), (val_b, grads_b) = a, b
-  np.testing.assert_array_equal(np.asarray(val_a), np.asarray(val_b))
-  for ga, gb in zip(grads_a, grads_b):
-    np.testing.assert_array_equal(np.asarray(ga), np.asarray(gb))
-
-
 def test_folds_only_where_it_applies():
   base = _grid_config(seq_k=256, batch=3)
   shape = dict(b=3, t=256, s=256, n=2, kh=1, h=64)
@@ -64,7 +57,7 @@ def test_interpret_bitwise():
   # GQA 2:1, three sequences, unmasked (the fold's only form); H = 64 keeps CI time down.
   shape = dict(b=3, t=128, s=256, n=2, kh=1, h=64, seed=451)
   base = _grid_config(seq_k=256, batch=3)
-  _assert_same(_run(dataclasses.replace(base, **FOLD), interpret=True, **shape),
+  H.assert_same_value_and_grads(_run(dataclasses.replace(base, **FOLD), interpret=True, **shape),
                _run(base, interpret=True, **shape))
 
 
@@ -76,5 +69,5 @@ def test_compiled_bitwise(registers):
   shape = dict(b=4, t=2048, s=2048, n=4, kh=2, h=128, seed=453)
   base = default_config(head_dim=128, seq_k=2048, batch=4)
   cfg = dataclasses.replace(base, bwd_registers=registers)
-  _assert_same(_run(dataclasses.replace(cfg, **FOLD), interpret=False, **shape),
+  H.assert_same_value_and_grads(_run(dataclasses.replace(cfg, **FOLD), interpret=False, **shape),
                _run(cfg, interpret=False, **shape))

@@ -10,9 +10,9 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
+import harness as H
 from benchmarks import mosaic_mlir
 from pallas_attn import flash_attention
 from pallas_attn.mosaic import Config, default_config
@@ -51,13 +51,6 @@ def _kernels(cfg, *, kw=None, **shape):
           if name in text}
 
 
-def _assert_same(a, b):
-  (val_a, grads_a), (val_b, grads_b) = a, b
-  np.testing.assert_array_equal(np.asarray(val_a), np.asarray(val_b))
-  for ga, gb in zip(grads_a, grads_b):
-    np.testing.assert_array_equal(np.asarray(ga), np.asarray(gb))
-
-
 def test_off_by_default():
   assert Config().bwd_joint is False
   assert not default_config(head_dim=128, seq_k=4096, batch=4).bwd_joint
@@ -80,7 +73,7 @@ def test_interpret_bitwise():
   # GQA 2:1, three sequences, more keys than queries (dQ and dK/dV tiles differ in number)
   shape = dict(b=3, t=128, s=256, n=2, kh=1, h=64)
   base = _grid_config(64, seq_k=256, batch=3)
-  _assert_same(_run(dataclasses.replace(base, **JOINT), interpret=True, **shape),
+  H.assert_same_value_and_grads(_run(dataclasses.replace(base, **JOINT), interpret=True, **shape),
                _run(base, interpret=True, **shape))
 
 
@@ -109,5 +102,5 @@ def test_compiled_bitwise(shape):
   if jax.default_backend() != "gpu":
     pytest.skip("needs the GPU")
   base = _grid_config(shape["h"], seq_k=shape["s"], batch=shape["b"])
-  _assert_same(_run(dataclasses.replace(base, **JOINT), interpret=False, **shape),
+  H.assert_same_value_and_grads(_run(dataclasses.replace(base, **JOINT), interpret=False, **shape),
                _run(base, interpret=False, **shape))

@@ -13,7 +13,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import harness as H
@@ -28,13 +27,6 @@ def _grads(q, k, v, cfg, *, interpret, **kw):
   return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
 
 
-def _assert_same(a, b):
-  (val, grads), (val0, grads0) = a, b
-  np.testing.assert_array_equal(np.asarray(val), np.asarray(val0))
-  for g, g0 in zip(grads, grads0):
-    np.testing.assert_array_equal(np.asarray(g), np.asarray(g0))
-
-
 @pytest.mark.parametrize("t,s,n,kh,flags", [
     (128, 128, 4, 2, {}),                                              # 4 ring steps, 2 slots
     (64, 128, 2, 2, dict(causal=True, segments=True, kv_lengths=True)),  # 1 step: no refill
@@ -44,7 +36,7 @@ def test_self_fed_matches_default_in_interpret_mode(t, s, n, kh, flags):
   q, k, v = H.qkv_inputs(2, t, s, n, kh, 64)
   kw = H.flag_kwargs(flags, t=t, s=s, segment_lengths=(40, 30))
   base = Config(block_kv=64)
-  _assert_same(_grads(q, k, v, dataclasses.replace(base, bwd_self_fed=True), interpret=True, **kw),
+  H.assert_same_value_and_grads(_grads(q, k, v, dataclasses.replace(base, bwd_self_fed=True), interpret=True, **kw),
                _grads(q, k, v, base, interpret=True, **kw))
 
 
@@ -70,6 +62,6 @@ def test_self_fed_gradients_bitwise_compiled(h, causal, defer):
   q, k, v = H.qkv_inputs(2, 1024, 1024, 4, 4, h, seed=30)
   base = dataclasses.replace(default_config(head_dim=h, seq_k=1024, masked=causal),
                              bwd_persistent=False, bwd_defer_wait=defer)
-  _assert_same(_grads(q, k, v, dataclasses.replace(base, bwd_self_fed=True), interpret=None,
+  H.assert_same_value_and_grads(_grads(q, k, v, dataclasses.replace(base, bwd_self_fed=True), interpret=None,
                       causal=causal),
                _grads(q, k, v, base, interpret=None, causal=causal))
