@@ -8,17 +8,18 @@ the same time at 31.0 and 32 waves), so 64 SMs idle through the sixteenth, ~36 u
 
 The dependency: each dK/dV CTA reads D = rowsum(dO * O) - dlse of its K/V head's query heads,
 which the dQ CTAs compute (``Config.bwd_delta_in_dq``) and store with L2 in the ``rows``
-record. A GMEM semaphore per (batch, K/V head) counts the dQ consumers whose record has
-landed; the dK/dV producer waits for all ``groups * q_tiles * 2`` of them before its first
-load. The dQ CTAs come first in the grid, and CTAs start in grid order, so every dQ CTA has an
-SM before any dK/dV CTA waits: no deadlock. With the default order (batch fastest, then tile,
-then head) a dK/dV CTA's heads were finished waves before it starts, so it does not wait in
-practice.
+record. Each dK/dV CTA has a GMEM semaphore (``pl.get_global``: one buffer shared by all CTAs;
+kernel-scoped semaphores are per CTA) that every dQ consumer of its K/V head's group adds 1
+to once its record has landed; the dK/dV producer waits for all ``groups * q_tiles * 2`` of
+them before its first load and takes the count back to zero. The dQ CTAs come first in the
+grid, and CTAs start in grid order, so every dQ CTA has an SM before any dK/dV CTA waits: no
+deadlock. With the default order (batch fastest, then tile, then head) a dK/dV CTA's heads
+were finished waves before it starts, so it should not wait in practice.
 
-Memory order: a dQ consumer's record is a TMA store (async proxy). After the kernel's final
-wait for its stores, ``fence.proxy.async.global`` orders it before the semaphore's release
-add; the dK/dV producer's wait ends with an acquire fence, and another proxy fence orders that
-before its TMA loads of the record.
+Memory order: a dQ consumer's record is a TMA store (async proxy). After a full wait for its
+stores, ``fence.proxy.async.global`` and ``fence.acq_rel.gpu`` order it before the relaxed
+adds; the dK/dV producer's wait ends with an acquire fence, and another proxy fence orders
+that before its TMA loads of the record.
 
 Unmasked calls only (no metadata, segment ids or kv_lengths), the grid forms of both kernels
 (not persistent, stream-tail, fused-dQ, split or self-fed); ``ops._backward`` checks. The
@@ -69,10 +70,10 @@ def joint_kernel(q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_
                  kv_heads: int, q_tiles: int, kv_tiles: int, batch: int, num_q_blocks: int,
                  dq_scratch, dkdv_scratch, interpret: bool = False):
   """refs: q, k, v, do, rows (L2 and -dlse), o, then the outputs dq, rows_out (L2 and D),
-  dk, dv. Compiled, ``ready_sems`` [batch * kv_heads] are GMEM semaphores shared by all CTAs.
-  CTAs [0, n_dq) run ``backward_dq.dq_kernel``, the rest ``backward.dkdv_kernel``, each in its
-  own scoped scratch (the kernel's SMEM is the larger of the two). ``interpret``: no
-  semaphores (the interpreter has none zeroed, and runs the CTAs in grid order anyway)."""
+  dk, dv. Grid rows [0, heads) run ``backward_dq.dq_kernel``, the rest
+  ``backward.dkdv_kernel``, each in its own scoped scratch (the kernel's SMEM is the larger of
+  the two). ``interpret``: no semaphores (the interpreter zeroes none and runs the CTAs in grid
+  order anyway)."""
   kw = dict(locals())
   if interpret:
     _joint(None, **kw)
