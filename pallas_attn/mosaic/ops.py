@@ -426,7 +426,7 @@ def _backward(q, k, v, out, lse, do, dlse, q_seg, kv_seg, kv_lengths, st_dq: ker
     dkdv_kernel = functools.partial(backward.dkdv_kernel, **dkdv_kw)
   # Config.bwd_joint (backward_joint.py): both kernels' grid forms in one launch, unmasked.
   joint = (joint and delta_in_dq and not (fused_dq or split or has_meta or st_dq.has_segments
-                                          or persist or self_fed or stream or fold_batch
+                                          or self_fed or stream or fold_batch
                                           or seq_major or persistent or st_dq.defer_wait))
   if joint:
     q_tiles = tq // dq_rows
