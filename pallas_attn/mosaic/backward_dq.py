@@ -45,7 +45,9 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
   finished L2 / D records to ``rows_out`` (every part of a tile writes the same values).
 
   ``coords`` = (batch, head, Q tile) replaces the grid's indices and ``on_done()`` runs in
-  each consumer after its stores have completed (the joint launch, ``backward_joint.py``).
+  each consumer once its dQ store is issued, before the kernel's last wait: two bulk store
+  groups may be in flight then, the L2 / D record (older) and dQ (the joint launch,
+  ``backward_joint.py``).
   """
   (q_ref, k_ref, v_ref, do_ref, rows_ref, meta_ref, q_seg_ref, kv_seg_ref), rest = _split_refs(
       refs, st, has_meta)
@@ -272,9 +274,9 @@ def dq_kernel(*refs, st: Statics, has_meta: bool, num_ctas: int = 0,
     if not persist:
       load_q(batch, head, tile, 0)
       consume(batch, head, tile, 0, 0)
-      st.wait_stores()
       if on_done is not None:
         on_done()
+      st.wait_stores()
       return
     persistent_consumer_loop(                # (consume waits for its own loads)
         cta=cta, num_ctas=num_ctas, my_tiles=my_tiles,

@@ -37,6 +37,14 @@ from pallas_attn.mosaic import backward, backward_dq
 from pallas_attn.mosaic.kernels import COMPUTE_WGS, Statics
 
 
+# Benchmark-only switches (``benchmarks/joint_variants.py``), read at trace time:
+# _SIGNAL_OVERLAPS_DQ: the dQ consumers wait for their D record only, not for dQ's store too.
+# _SYNC = False drops the semaphores: a race (dK/dV may read D before it lands), kept only to
+# measure what the synchronisation costs. Never set it outside that benchmark.
+_SIGNAL_OVERLAPS_DQ = True
+_SYNC = True
+
+
 def _proxy_fence():
   """``fence.proxy.async.global``: order TMA (async proxy) global accesses against this
   thread's generic ones (the semaphore's atomics). Compiled only."""
@@ -112,14 +120,16 @@ def _joint(ready_sems, *, q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, 
     head = row
 
     def done():                  # this consumer's D record has landed: tell the group's CTAs
-      plgpu.wait_smem_to_gmem(0, wait_read_only=False)    # (whatever Config.exit_read_only)
+      # Runs with the record's store (issued before the K/V loop) and dQ's (just issued) in
+      # flight: wait for the record only, so the fences and adds overlap dQ's store.
+      plgpu.wait_smem_to_gmem(1 if _SIGNAL_OVERLAPS_DQ else 0, wait_read_only=False)
       _proxy_fence()
       _signal_range(ready_sems, (b * kv_heads + lax.div(head, groups)) * kv_tiles, kv_tiles)
 
     pl.run_scoped(lambda smem, bars: backward_dq.dq_kernel(
         q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, rows_out_ref, smem, bars,
         st=st_dq, has_meta=False, coords=(b, head, tile),
-        on_done=None if interpret else done), *dq_scratch,
+        on_done=None if interpret or not _SYNC else done), *dq_scratch,
         collective_axes="wg")
 
   @pl.when((row >= heads) & (tile < kv_tiles))
@@ -136,4 +146,5 @@ def _joint(ready_sems, *, q_ref, k_ref, v_ref, do_ref, rows_ref, o_ref, dq_ref, 
     pl.run_scoped(lambda smem, bars: backward.dkdv_kernel(
         q_ref, k_ref, v_ref, do_ref, rows_out_ref, dk_ref, dv_ref, smem, bars, st=st_dkdv,
         has_meta=False, num_q_blocks=num_q_blocks, coords=(b, kv_head, tile),
-        before_loads=None if interpret else ready), *dkdv_scratch, collective_axes="wg")
+        before_loads=None if interpret or not _SYNC else ready), *dkdv_scratch,
+        collective_axes="wg")
