@@ -19,8 +19,9 @@ were finished waves before it starts, so it should not wait in practice.
 Memory order: a dQ consumer's record is a TMA store (async proxy), issued before its K/V
 loop. Once dQ's own store is issued, the consumer waits for the record's bulk group only
 (``wait_group 1``), then ``fence.proxy.async.global`` and ``fence.acq_rel.gpu`` order the
-record before the relaxed adds, all while dQ's store is in flight; the dK/dV producer's wait ends with an acquire fence, and another proxy fence orders
-that before its TMA loads of the record.
+record before the relaxed adds, all while dQ's store is in flight; the dK/dV producer's wait
+ends with an acquire fence, and another proxy fence orders that before its TMA loads of the
+record.
 
 Unmasked calls only (no metadata, segment ids or kv_lengths), the grid forms of both kernels
 (not persistent, stream-tail, fused-dQ, split or self-fed); ``ops._backward`` checks. The
