@@ -82,13 +82,17 @@ def test_lowered_semaphores_are_shared_and_counted():
   """The compiled kernel (lowered for sm90 on the CPU host): one int32 semaphore per dK/dV
   CTA shared by all CTAs (Pallas' kernel-scoped semaphores are per CTA, which hung the first
   form), each dQ consumer adding 1 to its group's K/V tiles after a proxy fence, each dK/dV
-  producer waiting with a decrementing compare-and-swap. [1, 1024, 2, 128]: 8 K/V tiles."""
+  producer waiting with a decrementing compare-and-swap. [1, 1024, 2, 128]: 8 K/V tiles.
+  Each dQ consumer signals with its dQ store still in flight: it waits for the older bulk
+  group (its D record) only, and the full waits (0) come after."""
   cfg = dataclasses.replace(_grid_config(128, seq_k=1024, batch=1), **JOINT)
   low = mosaic_mlir.lower_attention(cfg, head_dim=128, grad=True, causal=False)
   fwd, bwd = mosaic_mlir.kernel_texts(low)
   assert bwd.count("red.relaxed.gpu.global.add.u32") == 8
   assert bwd.count("atom.relaxed.gpu.global.cas") == 1
   assert bwd.count("fence.proxy.async.global") == 2
+  waits = re.findall(r"nvvm.cp.async.bulk.wait_group (\d)", bwd)
+  assert waits.count("1") == 1 and "0" in waits[waits.index("1"):], waits
   calls = [line for line in low.as_text().splitlines() if "custom_call" in line]
   assert [re.findall(r"tensor<\d+xi32>", c) for c in calls if "xi32>" in c] == [
       ["tensor<16xi32>", "tensor<16xi32>"]]       # 1 batch x 2 heads x 8 tiles, in and out
