@@ -345,8 +345,8 @@ class Config:
       waiting on a GMEM semaphore for its heads' D records (``backward_joint.py``), so the
       dK/dV CTAs fill the SMs the dQ kernel's last partial wave leaves idle. Unmasked calls
       with D in the dQ kernel and neither persistent, stream-K, fold nor self-fed forms;
-      bitwise the two launches' gradients (interpret and compiled). Off: 1.3-2.5% slower
-      fwd+bwd than two launches (H100, session 48), 1.0-2.4% even without its semaphores.
+      bitwise the two launches' gradients (interpret and compiled). Off: slower fwd+bwd than
+      two launches on the H100 (session 48: 1.3-2.5% paired, 1.0-2.4% even unsynchronised).
     seq_major: the grids of the forward (not persistent), dQ and dK/dV kernels are laid out
       (tiles, heads, batch) instead of (heads, tiles, batch). Mosaic GPU launches the last
       grid axis fastest, so the default launches batch, then tiles, then heads (one head's
