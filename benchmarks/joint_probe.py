@@ -1,25 +1,24 @@
 """Session 47: does the compiled `bwd_joint` launch finish, and is it bitwise the default?
-One small shape under a timeout (run it as `timeout 60 python3 benchmarks/joint_probe.py`)."""
-import dataclasses
+One small shape under a timeout (run it as `timeout 60 python3 benchmarks/joint_probe.py`).
+The gradient functions are `joint_variants.build`'s ("default" and the built "overlap" form)."""
+import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pallas_attn import flash_attention
-from pallas_attn.mosaic import default_config
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-b, t, n, h = (int(x) for x in (sys.argv[1:] or ["2", "2048", "4", "128"]))
+from joint_variants import build  # noqa: E402
+
+shape = tuple(int(x) for x in (sys.argv[1:] or ["2", "2048", "4", "128"]))
 keys = jax.random.split(jax.random.key(0), 3)
-q, k, v = (jax.random.normal(kk, (b, t, n, h), jnp.bfloat16) for kk in keys)
-base = dataclasses.replace(default_config(head_dim=h, seq_k=t, batch=b), bwd_persistent=False)
-for name, cfg in (("default", base), ("joint", dataclasses.replace(base, bwd_joint=True))):
-  f = jax.jit(jax.grad(lambda q, k, v: flash_attention(
-      q, k, v, implementation="mosaic", config=cfg).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+q, k, v = (jax.random.normal(kk, shape, jnp.bfloat16) for kk in keys)
+for name in ("default", "overlap"):
   t0 = time.time()
-  lowered = f.lower(q, k, v).compile()
+  lowered = build(shape, name).lower(q, k, v).compile()
   print(name, "compiled", round(time.time() - t0, 1), "s", flush=True)
   t0 = time.time()
   out = jax.block_until_ready(lowered(q, k, v))

@@ -34,15 +34,15 @@ VARIANTS = {"default": None, "end": (False, True), "overlap": (True, True),
 
 
 def build(shape, name):
-  b, t, n, h = shape
-  base = dataclasses.replace(default_config(head_dim=h, seq_k=t, batch=b), bwd_persistent=False)
-  flags = VARIANTS[name]
-  cfg = base if flags is None else dataclasses.replace(base, bwd_joint=True)
-  if flags is not None:      # read at trace time: trace now, under this variant's switches
-    backward_joint._SIGNAL_OVERLAPS_DQ, backward_joint._SYNC = flags
-  f = jax.jit(jax.grad(lambda q, k, v: flash_attention(
+  """The jitted gradient of one call in variant ``name``: trace it (``.lower``) before
+  building another, as the joint's switches are read at trace time."""
+  b, t, _, h = shape
+  cfg = dataclasses.replace(default_config(head_dim=h, seq_k=t, batch=b), bwd_persistent=False)
+  if VARIANTS[name] is not None:
+    cfg = dataclasses.replace(cfg, bwd_joint=True)
+    backward_joint._SIGNAL_OVERLAPS_DQ, backward_joint._SYNC = VARIANTS[name]
+  return jax.jit(jax.grad(lambda q, k, v: flash_attention(
       q, k, v, implementation="mosaic", config=cfg).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
-  return f
 
 
 def main():
